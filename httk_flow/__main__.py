@@ -1,0 +1,3 @@
+from httk_flow.cli.main import main
+
+main()

@@ -1,0 +1,139 @@
+"""Bounded, streaming discovery of markers: a resumable walk, never the whole tree at once.
+
+Each call visits at most `budget` directory entries and resumes where the last call
+stopped; a full cycle visits every placement. Nothing is listed whole or sorted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from httk_flow.names import Marker
+from httk_flow.states import State
+from httk_flow.transition import JobHandle
+from httk_flow.workspace import Workspace
+
+#: how many entries pass between two calls of the heartbeat hook
+HEARTBEAT_EVERY = 512
+
+
+@dataclass
+class _Walk:
+    """A depth-first walk of one placement root with its open directory iterators."""
+
+    root: str  # absolute directory of the state kind + prefix
+    placement: str  # placement of `root`
+    stack: list[tuple[str, Iterator[os.DirEntry[str]]]] = field(default_factory=list)
+    finished: int = 0
+
+    def close(self) -> None:
+        for _, it in self.stack:
+            close = getattr(it, "close", None)
+            if close:
+                close()
+        self.stack.clear()
+
+
+class MarkerStream:
+    """Markers of one state kind under some placement prefixes, a bounded slice per call."""
+
+    def __init__(
+        self,
+        ws: Workspace,
+        state: State,
+        prefixes: tuple[str, ...] = (),
+        *,
+        on_bad: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.state = state
+        self._walks = [_Walk(ws.state_dir(state, p), p) for p in (prefixes or ("",))]
+        self._turn = 0
+        self._on_bad = on_bad
+
+    def next_batch(
+        self, budget: int, heartbeat: Callable[[], None] | None = None
+    ) -> list[JobHandle]:
+        """Up to `budget` entries' worth of markers; resumes next call where this one stopped."""
+        out: list[JobHandle] = []
+        visited, k = 0, len(self._walks)
+        for i in range(k):
+            walk = self._walks[self._turn]
+            self._turn = (self._turn + 1) % k
+            share = max(1, (budget - visited) // (k - i))
+            n, finished = self._step(walk, share, out, heartbeat)
+            visited += n
+            if finished:
+                walk.finished += 1
+            if visited >= budget:
+                break
+        return out
+
+    @property
+    def cycles(self) -> int:
+        """Full walks completed by every root (a new stream has done 0)."""
+        return min(w.finished for w in self._walks)
+
+    def _step(
+        self,
+        walk: _Walk,
+        budget: int,
+        out: list[JobHandle],
+        heartbeat: Callable[[], None] | None,
+    ) -> tuple[int, bool]:
+        """Advance one walk by up to `budget` entries; (entries visited, walk finished)."""
+        if not walk.stack:
+            it = _scandir(walk.root)
+            if it is None:
+                return 0, True
+            walk.stack.append((walk.placement, it))
+        visited = 0
+        while walk.stack and visited < budget:
+            placement, it = walk.stack[-1]
+            entry = next(it, None)
+            if entry is None:
+                walk.stack.pop()
+                continue
+            visited += 1
+            if heartbeat is not None and visited % HEARTBEAT_EVERY == 0:
+                heartbeat()
+            name = entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                sub = _scandir(entry.path)
+                if sub is not None:
+                    walk.stack.append((f"{placement}/{name}" if placement else name, sub))
+                continue
+            marker = Marker.parse_or_none(name)
+            if marker is None or not entry.is_file(follow_symlinks=False):
+                if self._on_bad is not None and not name.startswith("."):
+                    self._on_bad(entry.path, "is not a marker of the grammar (or not a file)")
+                continue
+            out.append(JobHandle(self.state, placement, marker))
+        return visited, not walk.stack
+
+    def close(self) -> None:
+        for w in self._walks:
+            w.close()
+
+
+def _scandir(path: str) -> Iterator[os.DirEntry[str]] | None:
+    try:
+        return os.scandir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def walk_all(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> Iterator[JobHandle]:
+    """Every marker of a kind, streamed in bounded slices (for read-side commands)."""
+    stream = MarkerStream(ws, state, prefixes)
+    try:
+        while stream.cycles < 1:
+            yield from stream.next_batch(4096)
+    finally:
+        stream.close()

@@ -1,0 +1,116 @@
+"""The one seam between the protocol and the filesystem.
+
+Every rename, publish and read of protocol files goes through `fs`, so tests can
+swap in a FileSystem that models NFS hazards (late names, ESTALE, lying renames).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import Final
+
+from httk_flow.errors import UnsafePath
+
+#: errors a reader retries: the file was replaced under an open handle (NFS ESTALE)
+RETRYABLE_READ_ERRNOS: Final = frozenset({errno.ESTALE})
+_UID = os.getuid()
+
+
+class FileSystem:
+    """Plain POSIX operations; subclasses inject faults for tests."""
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
+        with os.scandir(path) as it:
+            yield from it
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """Read a regular file we own, refusing symlinks; at most `limit` bytes."""
+        for attempt in range(3):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise UnsafePath("is a symbolic link; refusing to follow it", obj=path) from e
+                raise
+            try:
+                st = os.fstat(fd)
+                check_owned(st, path)
+                if not stat.S_ISREG(st.st_mode):
+                    raise UnsafePath("is not a regular file", obj=path)
+                if st.st_size > limit:
+                    raise UnsafePath(f"is larger than {limit} bytes", obj=path)
+                return os.read(fd, limit + 1)
+            except OSError as e:
+                if e.errno in RETRYABLE_READ_ERRNOS and attempt < 2:
+                    continue
+                raise
+            finally:
+                os.close(fd)
+        raise AssertionError("unreachable")
+
+
+def check_owned(st: os.stat_result, path: str) -> None:
+    # root reads everyone's files; a user never trusts an entry planted by another user
+    if _UID != 0 and st.st_uid != _UID:
+        raise UnsafePath(f"is owned by uid {st.st_uid}, not by you", obj=path)
+
+
+fs: FileSystem = FileSystem()
+
+
+def set_filesystem(new: FileSystem) -> FileSystem:
+    """Install a filesystem (tests); returns the previous one."""
+    global fs
+    old, fs = fs, new
+    return old
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str, data: bytes, *, durable: bool, mode: int = 0o644) -> None:
+    """Create `path` (which must not exist) with `data`; fsync it when durable."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, durable: bool, tmp_dir: str | None = None) -> None:
+    """Publish `data` at `path` by writing a sibling temporary file and renaming it."""
+    d = tmp_dir or os.path.dirname(path)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}")
+    try:
+        write_file(tmp, data, durable=durable)
+        fs.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(path))
+
+
+def makedirs(path: str) -> None:
+    os.makedirs(path, exist_ok=True)

@@ -1,0 +1,220 @@
+"""The grammar of every name that becomes a path: ids, keys, placements, markers, refs.
+
+parse/format here are the only code that knows the marker file-name grammar.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from httk_flow.errors import InvalidName
+
+_ID = r"[0-9a-f]{32}"
+_TAG = r"[A-Za-z0-9][A-Za-z0-9_+-]{0,63}"
+_WRITER = r"[a-z0-9]{1,24}"
+_B36 = r"[0-9a-z]{1,13}"
+ID_RE = re.compile(_ID)
+TAG_RE = re.compile(_TAG)
+KEY_RE = re.compile(rf"(?:(?P<tag>{_TAG})--)?(?P<id>{_ID})")
+WRITER_RE = re.compile(_WRITER)
+REF_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<seg>{_B36})-(?P<off>{_B36})")
+MARKER_RE = re.compile(
+    rf"(?P<key>(?:{_TAG}--)?{_ID})\.p(?P<prio>[0-9]{{3}})\.g(?P<gen>{_B36})"
+    rf"(?:\.t(?P<nb>{_B36}))?\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
+)
+IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+_COMPONENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}")
+#: deepest placement accepted; deeper trees only slow every scan down
+MAX_PLACEMENT_DEPTH = 16
+MAX_PLACEMENT_LEN = 512
+MAX_PRIORITY = 999
+DEFAULT_PRIORITY = 500
+
+
+def to36(n: int) -> str:
+    """Non-negative int to lower-case base 36."""
+    if n < 0:
+        raise ValueError("negative")
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+def from36(s: str) -> int:
+    return int(s, 36)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def make_key(job_id: str, tag: str | None) -> str:
+    return f"{tag}--{job_id}" if tag else job_id
+
+
+def check_tag(tag: str) -> str:
+    if not TAG_RE.fullmatch(tag):
+        raise InvalidName(
+            "a tag is 1-64 characters of letters, digits, '_', '+' and '-', "
+            "starting with a letter or digit",
+            obj=f"tag {tag!r}",
+        )
+    return tag
+
+
+def check_ident(value: str, what: str) -> str:
+    """Step names and parameter keys: they become bash function and variable names."""
+    if not IDENT_RE.fullmatch(value):
+        raise InvalidName(
+            f"a {what} is 1-64 characters of letters, digits and '_', not starting with a digit",
+            obj=f"{what} {value!r}",
+        )
+    return value
+
+
+def check_label(value: str, what: str = "label") -> str:
+    """Pools, capabilities and child labels: plain words, safe in a file name."""
+    if not LABEL_RE.fullmatch(value):
+        raise InvalidName(
+            f"a {what} is 1-128 characters of letters, digits and '_.+-', "
+            "starting with a letter or digit",
+            obj=f"{what} {value!r}",
+        )
+    return value
+
+
+def check_placement(placement: str) -> str:
+    """A relative path of safe components; never absolute, never '..', never under .flow."""
+    obj = f"placement {placement!r}"
+    if "\0" in placement:
+        raise InvalidName("contains a NUL byte", obj=obj)
+    p = placement.strip("/")
+    if placement.startswith("/"):
+        raise InvalidName("must be a relative path inside the workspace", obj=obj)
+    if not p:
+        raise InvalidName("is empty", obj=obj)
+    if len(p) > MAX_PLACEMENT_LEN:
+        raise InvalidName(f"is longer than {MAX_PLACEMENT_LEN} characters", obj=obj)
+    parts = p.split("/")
+    if len(parts) > MAX_PLACEMENT_DEPTH:
+        raise InvalidName(f"is deeper than {MAX_PLACEMENT_DEPTH} directories", obj=obj)
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise InvalidName("has an empty, '.' or '..' component", obj=obj)
+        if not _COMPONENT_RE.fullmatch(part):
+            raise InvalidName(
+                f"component {part!r} must be 1-128 characters of letters, digits and "
+                "'_.+=@,-', not starting with '.' or '-'",
+                obj=obj,
+            )
+    return p
+
+
+def default_placement(job_id: str) -> str:
+    """Shard by id: 4,096 shards keep every directory near 250 jobs at a million."""
+    return f"jobs/{job_id[:3]}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    """`[<tag>--]<id>`: the job directory's name and the marker's first field."""
+
+    id: str
+    tag: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> JobKey:
+        m = KEY_RE.fullmatch(text)
+        if not m:
+            raise InvalidName("is not a job key ([<tag>--]<32 hex digits>)", obj=repr(text))
+        return cls(m.group("id"), m.group("tag"))
+
+    def __str__(self) -> str:
+        return make_key(self.id, self.tag)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RecordRef:
+    """Where a journal frame lives: writer id, segment number, byte offset."""
+
+    writer: str
+    segment: int
+    offset: int
+
+    @classmethod
+    def parse(cls, text: str) -> RecordRef:
+        m = REF_RE.fullmatch(text)
+        if not m:
+            raise InvalidName("is not a record reference", obj=repr(text))
+        return cls(m.group("writer"), from36(m.group("seg")), from36(m.group("off")))
+
+    def __str__(self) -> str:
+        return f"{self.writer}-{to36(self.segment)}-{to36(self.offset)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """A parsed marker file name: `<key>.p<prio>.g<gen>[.t<not-before>].<ref>`."""
+
+    key: str
+    priority: int
+    generation: int
+    ref: RecordRef
+    not_before: int = 0  # unix seconds; 0 = claimable now
+
+    @classmethod
+    def from_name(cls, name: str) -> Marker:
+        m = MARKER_RE.fullmatch(name)
+        if not m:
+            raise InvalidName("is not a marker name of the grammar", obj=repr(name))
+        nb = m.group("nb")
+        return cls(
+            key=m.group("key"),
+            priority=int(m.group("prio")),
+            generation=from36(m.group("gen")),
+            ref=RecordRef.parse(m.group("ref")),
+            not_before=from36(nb) if nb else 0,
+        )
+
+    @classmethod
+    def parse_or_none(cls, name: str) -> Marker | None:
+        m = MARKER_RE.fullmatch(name)
+        return cls.from_name(name) if m else None
+
+    @property
+    def name(self) -> str:
+        nb = f".t{to36(self.not_before)}" if self.not_before else ""
+        return f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}.{self.ref}"
+
+    @property
+    def job_id(self) -> str:
+        return self.key[-32:]
+
+    @property
+    def tag(self) -> str | None:
+        return self.key[:-34] if len(self.key) > 32 else None
+
+    def successor(
+        self, ref: RecordRef, *, priority: int | None = None, not_before: int = 0
+    ) -> Marker:
+        """The next marker of this job: one generation on, pointing at a new record."""
+        return Marker(
+            key=self.key,
+            priority=self.priority if priority is None else priority,
+            generation=self.generation + 1,
+            ref=ref,
+            not_before=not_before,
+        )
+
+
+def check_priority(value: int) -> int:
+    if not 0 <= value <= MAX_PRIORITY:
+        raise InvalidName(f"priority {value} is outside 0-{MAX_PRIORITY}", obj="priority")
+    return value

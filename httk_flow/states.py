@@ -1,0 +1,65 @@
+"""Job state kinds and the one table of transitions between them."""
+
+from __future__ import annotations
+
+import enum
+
+from httk_flow.errors import IllegalTransition
+
+
+class State(enum.Enum):
+    """Where a job is; the directory its marker lives in under .flow/state/."""
+
+    SUBMITTED = "submitted"
+    READY = "ready"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    COMMITTING = "committing"
+    WAITING = "waiting"
+    PAUSED = "paused"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        """No manager acts on the job any more (failed may still be resumed by an operator)."""
+        return self in _TERMINAL
+
+    @property
+    def is_active(self) -> bool:
+        """A manager owns the job through a lease (an attempt exists or is being made)."""
+        return self in _ACTIVE
+
+    @property
+    def is_permanent(self) -> bool:
+        """Nothing, not even an operator, moves the job out of this state."""
+        return not TRANSITIONS[self]
+
+    def check(self, target: State) -> None:
+        """Raise IllegalTransition unless self -> target is in the table."""
+        if target not in TRANSITIONS[self]:
+            raise IllegalTransition(f"transition {self.value} -> {target.value} is not allowed")
+
+
+_TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
+_ACTIVE = frozenset({State.CLAIMED, State.RUNNING, State.COMMITTING, State.CANCELLING})
+
+S = State
+#: every legal move; verified_transition checks each rename against it
+TRANSITIONS: dict[State, frozenset[State]] = {
+    S.SUBMITTED: frozenset({S.READY, S.FAILED, S.CANCELLED}),
+    # ready -> ready: a priority change is a rename too
+    S.READY: frozenset({S.READY, S.CLAIMED, S.PAUSED, S.CANCELLED, S.FAILED}),
+    S.CLAIMED: frozenset({S.RUNNING, S.READY, S.FAILED, S.CANCELLED}),
+    S.RUNNING: frozenset({S.COMMITTING, S.CANCELLING, S.READY}),
+    S.COMMITTING: frozenset({S.READY, S.WAITING, S.PAUSED, S.SUCCEEDED, S.FAILED}),
+    S.WAITING: frozenset({S.WAITING, S.READY, S.FAILED, S.PAUSED, S.CANCELLED}),
+    S.PAUSED: frozenset({S.PAUSED, S.READY, S.CANCELLED}),
+    S.CANCELLING: frozenset({S.CANCELLED}),
+    S.FAILED: frozenset({S.READY, S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+del S

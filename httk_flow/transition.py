@@ -1,0 +1,154 @@
+"""The verified transition: one rename of the exact current marker, checked and resolved.
+
+Renaming the current marker is the compare-and-swap of the protocol. A journal frame
+describing the move is appended first; the new marker names it. After any rename error
+the actor looks at what really happened and never guesses.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from httk_flow.crash import crash_point
+from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.fsio import fs, fsync_dir
+from httk_flow.journal import Frame
+from httk_flow.names import Marker
+from httk_flow.states import State
+from httk_flow.workspace import Workspace
+
+#: snapshot members every frame carries forward, so the newest frame is the job's state
+CARRIED = ("step", "act", "try", "tries")
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandle:
+    """Where a job's marker is: its state kind, placement and parsed marker name."""
+
+    state: State
+    placement: str
+    marker: Marker
+
+    @property
+    def key(self) -> str:
+        return self.marker.key
+
+    @property
+    def job_id(self) -> str:
+        return self.marker.job_id
+
+    def path(self, ws: Workspace) -> str:
+        return ws.marker_path(self.state, self.placement, self.marker)
+
+
+def carry(frame: Frame, **changes: Any) -> dict[str, Any]:
+    """The snapshot of `frame` with `changes` applied: the body of the next frame."""
+    body = {k: frame[k] for k in CARRIED if k in frame}
+    body.update(changes)
+    return body
+
+
+def transition(
+    ws: Workspace,
+    job: JobHandle,
+    target: State,
+    body: dict[str, Any],
+    *,
+    actor: str,
+    priority: int | None = None,
+    not_before: int = 0,
+) -> JobHandle:
+    """Move `job` to `target`, recording `body` in the journal; returns the new handle.
+
+    Raises TransitionConflict when another actor moved the marker first.
+    """
+    job.state.check(target)
+    frame: Frame = {
+        "job": job.job_id,
+        "key": job.key,
+        "placement": job.placement,
+        "from": job.state.value,
+        "to": target.value,
+        "gen": job.marker.generation + 1,
+        "prev": str(job.marker.ref),
+        "t": round(time.time(), 3),
+        "by": actor,
+    }
+    frame.update(body)
+    ref = ws.writer.append(frame)
+    crash_point("transition.after_journal")
+    new = JobHandle(
+        target, job.placement, job.marker.successor(ref, priority=priority, not_before=not_before)
+    )
+    rename_marker(ws, job, new)
+    crash_point("transition.after_rename")
+    return new
+
+
+def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
+    """Rename old -> new, creating the target directory once, resolving any error."""
+    src, dst = old.path(ws), new.path(ws)
+    dst_dir = os.path.dirname(dst)
+    ws.ensure_dir(dst_dir)
+    try:
+        fs.rename(src, dst)
+    except OSError as e:
+        if e.errno == errno.ENOENT and not os.path.isdir(dst_dir):
+            # someone removed the directory (gc, an operator); make it and try once more
+            ws.forget_dir(dst_dir)
+            ws.ensure_dir(dst_dir)
+            try:
+                fs.rename(src, dst)
+            except OSError as e2:
+                _resolve(ws, old, new, e2)
+        else:
+            _resolve(ws, old, new, e)
+    if ws.policy.durable:
+        fsync_dir(dst_dir)
+        if os.path.dirname(src) != dst_dir:
+            fsync_dir(os.path.dirname(src))
+
+
+def _resolve(ws: Workspace, old: JobHandle, new: JobHandle, err: OSError) -> None:
+    """Decide what a failed rename did: won, lost, or unknown (stop and report)."""
+    if fs.exists(new.path(ws)):
+        return  # the rename happened although it reported an error (NFS retransmit)
+    if fs.exists(old.path(ws)):
+        raise FlowError(
+            f"cannot move marker ({err.strerror})",
+            obj=old.path(ws),
+            hint="check permissions and free space in the workspace",
+        ) from err
+    other = locate_key(ws, old.placement, old.key)
+    if other is not None:
+        raise TransitionConflict(
+            f"lost the race: the job is now {other.state.value} generation "
+            f"{other.marker.generation}",
+            obj=f"job {old.key}",
+        )
+    raise FlowError(
+        "marker vanished during a transition and no other marker exists",
+        obj=f"job {old.key}",
+        hint="run `flow fsck` before continuing",
+    )
+
+
+def locate_key(ws: Workspace, placement: str, key: str) -> JobHandle | None:
+    """The job's marker found by looking in every state kind of its placement."""
+    prefix = key + "."
+    for st in State:
+        d = ws.state_dir(st, placement)
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith(prefix):
+                m = Marker.parse_or_none(n)
+                if m is not None and m.key == key:
+                    return JobHandle(st, placement, m)
+    return None
