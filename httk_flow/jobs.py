@@ -10,8 +10,8 @@ from httk_flow import names
 from httk_flow.discovery import walk_all
 from httk_flow.errors import FlowError, InvalidJob, JobNotFound
 from httk_flow.fsio import fs
-from httk_flow.journal import Frame
 from httk_flow.jobspec import MAX_JOB_JSON, JobSpec
+from httk_flow.journal import Frame
 from httk_flow.states import State
 from httk_flow.transition import JobHandle, carry, transition
 from httk_flow.workspace import Workspace
@@ -169,3 +169,48 @@ def view(ws: Workspace, job: JobHandle) -> JobView:
         error = e.render()
     frames = history(ws, job)
     return JobView(job, spec, error, frames[-1] if frames else {}, frames)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of `flow list`."""
+
+    handle: JobHandle
+    step: str
+    attempts: int
+
+    def to_json(self) -> dict[str, object]:
+        h = self.handle
+        return {
+            "id": h.job_id,
+            "key": h.key,
+            "tag": h.marker.tag,
+            "state": h.state.value,
+            "step": self.step,
+            "priority": h.marker.priority,
+            "attempts": self.attempts,
+            "placement": h.placement,
+        }
+
+
+def list_rows(
+    ws: Workspace,
+    states: tuple[State, ...] = tuple(State),
+    *,
+    tag: str | None = None,
+    limit: int | None = None,
+) -> Iterator[JobRow]:
+    """Jobs in the given states (streamed), each with its step and attempt count."""
+    n = 0
+    for h in all_jobs(ws, states):
+        if tag is not None and h.marker.tag != tag:
+            continue
+        if limit is not None and n >= limit:
+            return
+        try:
+            f = ws.reader.read(h.marker.ref)
+            step, tries = str(f.get("step", "?")), int(f.get("tries", 0))
+        except FlowError:
+            step, tries = "?", 0
+        n += 1
+        yield JobRow(h, step, tries)

@@ -22,7 +22,8 @@ WRITER_RE = re.compile(_WRITER)
 REF_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<seg>{_B36})-(?P<off>{_B36})")
 MARKER_RE = re.compile(
     rf"(?P<key>(?:{_TAG}--)?{_ID})\.p(?P<prio>[0-9]{{3}})\.g(?P<gen>{_B36})"
-    rf"(?:\.t(?P<nb>{_B36}))?\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
+    rf"(?:\.t(?P<nb>{_B36}))?(?:\.c(?P<cls>[0-9a-z]{{1,16}}))?"
+    rf"\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
 )
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
@@ -161,13 +162,18 @@ class RecordRef:
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """A parsed marker file name: `<key>.p<prio>.g<gen>[.t<not-before>].<ref>`."""
+    """A parsed marker file name: `<key>.p<prio>.g<gen>[.t<not-before>][.c<class>].<ref>`.
+
+    The class names the job's pool and required capabilities (.flow/classes/<class>.json),
+    so claiming and `flow status` can tell who may serve a job without opening it.
+    """
 
     key: str
     priority: int
     generation: int
     ref: RecordRef
     not_before: int = 0  # unix seconds; 0 = claimable now
+    service: str = ""  # service class; "" = any manager of the default pool
 
     @classmethod
     def from_name(cls, name: str) -> Marker:
@@ -181,6 +187,7 @@ class Marker:
             generation=from36(m.group("gen")),
             ref=RecordRef.parse(m.group("ref")),
             not_before=from36(nb) if nb else 0,
+            service=m.group("cls") or "",
         )
 
     @classmethod
@@ -191,7 +198,8 @@ class Marker:
     @property
     def name(self) -> str:
         nb = f".t{to36(self.not_before)}" if self.not_before else ""
-        return f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}.{self.ref}"
+        c = f".c{self.service}" if self.service else ""
+        return f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}{c}.{self.ref}"
 
     @property
     def job_id(self) -> str:
@@ -211,6 +219,7 @@ class Marker:
             generation=self.generation + 1,
             ref=ref,
             not_before=not_before,
+            service=self.service,
         )
 
 

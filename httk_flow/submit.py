@@ -28,6 +28,7 @@ from httk_flow.jobspec import (
 )
 from httk_flow.names import Marker
 from httk_flow.programs import ProgramStore
+from httk_flow.services import ServiceClass, ServiceRegistry
 from httk_flow.states import State
 from httk_flow.transition import locate_key
 from httk_flow.workspace import Workspace
@@ -68,6 +69,7 @@ class Submitter:
         self.ws = ws
         self.actor = actor
         self.store = ProgramStore(ws)
+        self.services = ServiceRegistry(ws)
 
     def build(self, req: SubmitRequest) -> JobSpec:
         """Validate a request into a JobSpec (no file is written)."""
@@ -202,7 +204,8 @@ class Submitter:
         crash_point("submit.after_journal")
         marker_dirs: set[str] = set()
         for spec, ref in zip(fresh, refs, strict=True):
-            marker = Marker(spec.key, spec.priority, 0, ref)
+            service = self.services.publish(ServiceClass(spec.pool, spec.requires))
+            marker = Marker(spec.key, spec.priority, 0, ref, service=service)
             d = ws.state_dir(State.SUBMITTED, spec.placement)
             ws.ensure_dir(d)
             write_file(os.path.join(d, marker.name), b"", durable=False)

@@ -1,0 +1,1 @@
+"""The `flow` command line: parses and renders, and calls the package for everything else."""

@@ -1,0 +1,27 @@
+"""The `flow` command group; each command lives in a module of its own."""
+
+from __future__ import annotations
+
+import click
+
+from httk_flow import __version__
+from httk_flow.cli import cmd_init, cmd_read, cmd_submit
+from httk_flow.cli.app import App
+from httk_flow.cli.options import FlowGroup, workspace_option
+
+
+@click.group(cls=FlowGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@workspace_option
+@click.version_option(__version__, prog_name="flow")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """httk_flow: run thousands to millions of jobs from a shared workspace."""
+    ctx.ensure_object(App)
+
+
+def main() -> None:
+    cli(obj=App(), prog_name="flow")
+
+
+for _mod in (cmd_init, cmd_read, cmd_submit):
+    _mod.register(cli)

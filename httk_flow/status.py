@@ -1,0 +1,95 @@
+"""The workspace at a glance: counts per state from marker names alone, managers, blockers."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from httk_flow.discovery import walk_all
+from httk_flow.errors import FlowError
+from httk_flow.leases import Liveness, read_managers
+from httk_flow.maintenance import read_lock
+from httk_flow.services import ServiceRegistry
+from httk_flow.states import State
+from httk_flow.workspace import Workspace
+
+GroupBy = Literal["state", "placement", "step", "tag"]
+
+
+@dataclass
+class StatusReport:
+    workspace: str
+    counts: dict[State, int]
+    managers: list[Liveness]
+    blocked: list[tuple[str, int]]
+    groups: dict[str, Counter[State]] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def live_managers(self) -> list[Liveness]:
+        return [m for m in self.managers if m.alive]
+
+
+def workspace_status(
+    ws: Workspace, *, by: GroupBy = "state", now: float | None = None
+) -> StatusReport:
+    """Count every marker by name (no job file is opened) and explain what is stuck."""
+    wall = time.time() if now is None else now
+    counts: dict[State, int] = dict.fromkeys(State, 0)
+    groups: dict[str, Counter[State]] = {}
+    waiting_classes: Counter[str] = Counter()
+    backoff = 0
+    for st in State:
+        for h in walk_all(ws, st):
+            counts[st] += 1
+            if st is State.READY:
+                waiting_classes[h.marker.service] += 1
+                if h.marker.not_before > wall:
+                    backoff += 1
+            if by == "placement":
+                groups.setdefault(h.placement, Counter())[st] += 1
+            elif by == "tag":
+                groups.setdefault(h.marker.tag or "-", Counter())[st] += 1
+            elif by == "step":
+                try:
+                    step = str(ws.reader.read(h.marker.ref).get("step", "?"))
+                except FlowError:
+                    step = "?"
+                groups.setdefault(step, Counter())[st] += 1
+    managers = read_managers(ws)
+    live = [m for m in managers if m.alive]
+    blocked: list[tuple[str, int]] = []
+    lock = read_lock(ws)
+    if lock is not None and counts[State.READY]:
+        blocked.append(
+            (
+                f"maintenance lock held ({lock.describe()}); release it with `flow unlock`",
+                counts[State.READY],
+            )
+        )
+    registry = ServiceRegistry(ws)
+    for cid, n in sorted(waiting_classes.items()):
+        sc = registry.get(cid)
+        if sc is None:
+            blocked.append((f"service class {cid!r} is unreadable; run `flow fsck`", n))
+            continue
+        if not live:
+            blocked.append(("no live manager; start one with `flow serve` or `flow run`", n))
+        elif not any(sc.served_by(m.info.pools, m.info.capabilities) for m in live):
+            opts = " ".join(
+                [f"--pool {sc.pool}"] * bool(sc.pool) + [f"--capability {c}" for c in sc.requires]
+            )
+            blocked.append(
+                (f"no live manager serves {sc.describe()}; start one with `flow serve {opts}`", n)
+            )
+    if backoff:
+        blocked.append(("waiting out a retry backoff", backoff))
+    merged: Counter[str] = Counter()
+    for reason, n in blocked:
+        merged[reason] += n
+    return StatusReport(ws.root, counts, managers, list(merged.items()), groups)

@@ -1,0 +1,58 @@
+"""Shared helpers for the test suite: waiting without bare sleeps, and making jobs fast."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from httk_flow.names import Marker, RecordRef, new_id
+from httk_flow.states import State
+from httk_flow.transition import JobHandle
+from httk_flow.workspace import Workspace
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> object:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {predicate!r}")
+        time.sleep(interval)
+
+
+def plant_marker(
+    ws: Workspace,
+    state: State,
+    placement: str,
+    *,
+    key: str | None = None,
+    priority: int = 500,
+    generation: int = 0,
+    ref: RecordRef | None = None,
+) -> JobHandle:
+    """Create a bare marker file (no payload, no frame) for discovery-only tests."""
+    marker = Marker(
+        key=key or new_id(),
+        priority=priority,
+        generation=generation,
+        ref=ref or RecordRef("w0", 0, 0),
+    )
+    handle = JobHandle(state, placement, marker)
+    path = handle.path(ws)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "xb"):
+        pass
+    return handle
+
+
+def markers_in(ws: Workspace, state: State) -> list[str]:
+    """Relative paths of every file under one state kind (a plain os.walk, for assertions)."""
+    root = ws.state_dir(state)
+    out = []
+    for d, _, files in os.walk(root):
+        out.extend(os.path.relpath(os.path.join(d, f), root) for f in files)
+    return out
