@@ -65,13 +65,34 @@ def check_owned(st: os.stat_result, path: str) -> None:
         raise UnsafePath(f"is owned by uid {st.st_uid}, not by you", obj=path)
 
 
-fs: FileSystem = FileSystem()
+class _Installed(FileSystem):
+    """The `fs` every module binds at import; set_filesystem swaps what it forwards to."""
+
+    def __init__(self, impl: FileSystem) -> None:
+        self.impl = impl
+
+    def rename(self, src: str, dst: str) -> None:
+        self.impl.rename(src, dst)
+
+    def exists(self, path: str) -> bool:
+        return self.impl.exists(path)
+
+    def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
+        return self.impl.scandir(path)
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        return self.impl.read_bytes(path, limit)
+
+
+# modules do `from httk_flow.fsio import fs`, so this object must stay the same one
+fs: Final = _Installed(FileSystem())
 
 
 def set_filesystem(new: FileSystem) -> FileSystem:
     """Install a filesystem (tests); returns the previous one."""
-    global fs
-    old, fs = fs, new
+    if isinstance(new, _Installed):
+        new = new.impl
+    old, fs.impl = fs.impl, new
     return old
 
 

@@ -38,6 +38,8 @@ class ManagerInfo:
     draining: bool = False
     ends_at: float | None = None
     lease: float = 30.0
+    #: /proc start time of the manager process, so a reused pid is not taken for it
+    start_time: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
@@ -55,6 +57,7 @@ class ManagerInfo:
                 "draining": self.draining,
                 "ends_at": self.ends_at,
                 "lease": self.lease,
+                "start_time": self.start_time,
                 **self.extra,
             }
         )
@@ -76,6 +79,7 @@ class ManagerInfo:
                 draining=bool(d.get("draining", False)),
                 ends_at=float(d["ends_at"]) if d.get("ends_at") is not None else None,
                 lease=float(d.get("lease", 30.0)),
+                start_time=int(d.get("start_time", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise FlowError(f"is not a valid heartbeat ({e})", obj=where) from None
@@ -145,9 +149,22 @@ def read_managers(ws: Workspace, *, now: float | None = None) -> list[Liveness]:
             continue
         stopped = os.path.lexists(os.path.join(e.path, "stopped"))
         age = max(0.0, now - mtime)
-        out.append(Liveness(info, age, alive=not stopped and age <= info.lease, stopped=stopped))
+        alive = not stopped and age <= info.lease
+        if alive and info.host == ws.host and not _pid_alive(info.pid, info.start_time):
+            alive = False  # on this host we can see the process is gone: better evidence
+        out.append(Liveness(info, age, alive=alive, stopped=stopped))
     out.sort(key=lambda lv: (not lv.alive, lv.info.started))
     return out
+
+
+def _pid_alive(pid: int, start_time: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    fields = data[data.rfind(b")") + 2 :].split()
+    return not start_time or (len(fields) > 19 and fields[19] == str(start_time).encode())
 
 
 def silent_for_takeover(lv: Liveness, factor: float) -> bool:

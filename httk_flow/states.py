@@ -54,7 +54,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.READY: frozenset({S.READY, S.CLAIMED, S.PAUSED, S.CANCELLED, S.FAILED}),
     S.CLAIMED: frozenset({S.RUNNING, S.READY, S.FAILED, S.CANCELLED}),
     S.RUNNING: frozenset({S.COMMITTING, S.CANCELLING, S.READY}),
-    S.COMMITTING: frozenset({S.READY, S.WAITING, S.PAUSED, S.SUCCEEDED, S.FAILED}),
+    # committing -> committing: a manager takes over a commit whose owner is gone
+    S.COMMITTING: frozenset({S.COMMITTING, S.READY, S.WAITING, S.PAUSED, S.SUCCEEDED, S.FAILED}),
     S.WAITING: frozenset({S.WAITING, S.READY, S.FAILED, S.PAUSED, S.CANCELLED}),
     S.PAUSED: frozenset({S.PAUSED, S.READY, S.CANCELLED}),
     S.CANCELLING: frozenset({S.CANCELLED}),

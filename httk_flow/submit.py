@@ -6,11 +6,14 @@ reader counts as a job: the marker is created last, and only ever once.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+
+import orjson
 
 from httk_flow import names
 from httk_flow.crash import crash_point
@@ -86,8 +89,8 @@ class Submitter:
             names.check_label(cap, "capability")
         if req.retries < 0 or req.max_attempts < 1:
             raise UsageError("retries must be >= 0 and max attempts >= 1", obj="--retries")
-        if req.time is not None and req.time <= 0:
-            raise UsageError("must be positive", obj="--time")
+        if req.time is not None and not 0 < req.time < math.inf:
+            raise UsageError("must be a positive number of seconds", obj="--time")
         for p in req.inputs:
             if not os.path.exists(p):
                 raise UsageError("does not exist", obj=f"input {p!r}")
@@ -101,7 +104,7 @@ class Submitter:
             if req.placement
             else names.default_placement(job_id)
         )
-        return JobSpec(
+        spec = JobSpec(
             id=job_id,
             key=names.make_key(job_id, req.tag),
             tag=req.tag,
@@ -123,6 +126,14 @@ class Submitter:
             array_index=req.array_index,
             created=round(time.time(), 3),
         )
+        # what submit accepts, register must accept: refuse now what job.json refuses later
+        try:
+            JobSpec.from_json(spec.to_json(), f"job {spec.key}")
+        except orjson.JSONEncodeError as e:
+            raise UsageError(
+                f"cannot be written as job.json ({e})", obj=f"job {spec.key}"
+            ) from None
+        return spec
 
     def submit(
         self,
@@ -161,7 +172,8 @@ class Submitter:
                 if locate_key(ws, spec.placement, spec.key) is None:
                     fresh.append(spec)
                 continue
-            tmp = os.path.join(ws.tmp, f"job-{spec.id}")
+            # unique: a submitter killed mid-payload leaves its tmp behind for a replay to meet
+            tmp = os.path.join(ws.tmp, f"job-{spec.id}.{os.urandom(4).hex()}")
             os.mkdir(tmp)
             write_file(os.path.join(tmp, "job.json"), spec.to_json(), durable=durable)
             if req.inputs:

@@ -36,6 +36,10 @@ class Policy:
     takeover_factor: float = 2.0
     #: allow taking over a persistent workdir on lease age alone (site decision)
     persistent_takeover: bool = False
+    #: seconds before the first retry; doubled per further retry of an activation
+    backoff_base: float = 2.0
+    #: the longest backoff between two attempts
+    backoff_cap: float = 600.0
     #: days to keep attempt directories of finished jobs before `flow gc` collects them
     keep_attempts_days: float = 7.0
     #: days to keep journal segments no marker references before `flow gc` deletes them

@@ -17,7 +17,7 @@ from httk_flow.workspace import Workspace
 settings.register_profile(
     "default",
     deadline=None,
-    max_examples=150,
+    max_examples=100,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("ci", deadline=None, max_examples=600)
@@ -29,9 +29,9 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No test sees the developer's workspace, and a test's filesystem never leaks."""
     monkeypatch.delenv("FLOW_WORKSPACE", raising=False)
     monkeypatch.delenv("FLOW_CRASH_AT", raising=False)
-    before = fsio.fs
+    previous = fsio.set_filesystem(fsio.FileSystem())
     yield
-    fsio.set_filesystem(before)
+    fsio.set_filesystem(previous)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from httk_flow import __version__
-from httk_flow.cli import cmd_init, cmd_read, cmd_submit
+from httk_flow.cli import cmd_init, cmd_read, cmd_serve, cmd_submit
 from httk_flow.cli.app import App
 from httk_flow.cli.options import FlowGroup, workspace_option
 
@@ -20,8 +20,17 @@ def cli(ctx: click.Context) -> None:
 
 
 def main() -> None:
-    cli(obj=App(), prog_name="flow")
+    # standalone_mode=False: click would otherwise swallow a BrokenPipeError raised by a bug
+    try:
+        code = cli.main(obj=App(), prog_name="flow", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        raise SystemExit(e.exit_code) from None
+    except click.Abort:
+        click.echo("flow: aborted", err=True)
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
-for _mod in (cmd_init, cmd_read, cmd_submit):
+for _mod in (cmd_init, cmd_read, cmd_serve, cmd_submit):
     _mod.register(cli)

@@ -1,0 +1,128 @@
+"""An attempt's directory, context.json and environment, prepared before launch."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from httk_flow.fsio import write_file
+from httk_flow.jobspec import JobSpec
+from httk_flow.journal import Frame
+from httk_flow.workspace import Workspace
+
+#: reasons a previous attempt ended that make the next start an unclean restart
+UNCLEAN = frozenset({"interrupted"})
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bash_api_path() -> str:
+    """shell/flow.sh of a source checkout, else the copy shipped inside the package."""
+    repo = os.path.join(os.path.dirname(_PKG), "shell", "flow.sh")
+    return repo if os.path.isfile(repo) else os.path.join(_PKG, "shell", "flow.sh")
+
+
+BASH_API = bash_api_path()
+
+
+def attempt_name(n: int) -> str:
+    return f"a{n:04d}"
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """Everything needed to start one attempt."""
+
+    name: str
+    dir: str
+    workdir: str
+    argv: list[str]
+    env: dict[str, str]
+    stdout: str
+    stderr: str
+
+
+def prepare(
+    ws: Workspace,
+    spec: JobSpec,
+    frame: Frame,
+    *,
+    number: int,
+    extra_context: dict[str, Any] | None = None,
+) -> AttemptPlan:
+    """Make the attempt directory and context.json; return the plan to launch."""
+    job_dir = ws.job_dir(spec.placement, spec.key)
+    name = attempt_name(number)
+    adir = os.path.join(job_dir, "attempts", name)
+    ws.ensure_dir(os.path.dirname(adir))
+    os.mkdir(adir)
+    if spec.workdir == "persistent":
+        workdir = os.path.join(job_dir, "run")
+        os.makedirs(workdir, exist_ok=True)
+    else:
+        workdir = os.path.join(adir, "work")
+        os.mkdir(workdir)
+    step = str(frame.get("step", spec.step))
+    tried = int(frame.get("try", 1))
+    last = frame.get("last")
+    restart = tried > 1
+    unclean = restart and last in UNCLEAN
+    context: dict[str, Any] = {
+        "workspace": ws.root,
+        "job_id": spec.id,
+        "key": spec.key,
+        "job_dir": job_dir,
+        "step": step,
+        "activation": int(frame.get("act", 1)),
+        "attempt": tried,
+        "attempt_id": name,
+        "attempt_number": number,
+        "is_restart": restart,
+        "unclean_restart": unclean,
+        "previous_end": last if restart else None,
+        "workdir": workdir,
+        "params": spec.params,
+        "array_index": spec.array_index,
+    }
+    if extra_context:
+        context.update(extra_context)
+    ctx_path = os.path.join(adir, "context.json")
+    write_file(ctx_path, orjson.dumps(context), durable=ws.policy.durable)
+    if spec.program.digest:
+        argv = [ws.program_path(spec.program.digest), *spec.args]
+    else:
+        argv = [spec.program.command or "false", *spec.args]
+    env = dict(os.environ)
+    env.update(
+        FLOW_WORKSPACE_DIR=ws.root,
+        FLOW_JOB_DIR=job_dir,
+        FLOW_JOB_ID=spec.id,
+        FLOW_JOB_KEY=spec.key,
+        FLOW_STEP=step,
+        FLOW_ATTEMPT_ID=name,
+        FLOW_ATTEMPT=str(tried),
+        FLOW_CONTROL_DIR=adir,
+        FLOW_WORKDIR=workdir,
+        FLOW_CONTEXT=ctx_path,
+        FLOW_IS_RESTART="1" if restart else "0",
+        FLOW_UNCLEAN_RESTART="1" if unclean else "0",
+        FLOW_DURABLE="1" if ws.policy.durable else "0",
+        FLOW_BASH_API=BASH_API,
+        FLOW_PYTHON=sys.executable,
+    )
+    if spec.array_index is not None:
+        env["FLOW_ARRAY_INDEX"] = str(spec.array_index)
+    for k, v in spec.params.items():
+        env[f"FLOW_PARAM_{k}"] = v if isinstance(v, str) else orjson.dumps(v).decode()
+    return AttemptPlan(
+        name,
+        adir,
+        workdir,
+        argv,
+        env,
+        os.path.join(adir, "stdout"),
+        os.path.join(adir, "stderr"),
+    )

@@ -1,0 +1,172 @@
+"""Committing an ended attempt in two renames: running -> committing -> its final state.
+
+The committing frame records the whole decision, so a commit interrupted between the
+renames is finished by whichever manager takes the committing marker over, and the
+side effects in between (child registration) are idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from httk_flow.children import child_id, child_placement
+from httk_flow.crash import crash_point
+from httk_flow.errors import FlowError, InvalidOutcome
+from httk_flow.jobs import load_spec
+from httk_flow.jobspec import JobSpec, ParentRef
+from httk_flow.journal import Frame
+from httk_flow.manager.decide import Decision, Ending, decide
+from httk_flow.manager.log import ManagerLog
+from httk_flow.outcome import ChildDef, read_outcome
+from httk_flow.states import State
+from httk_flow.submit import SubmitRequest, Submitter
+from httk_flow.transition import JobHandle, carry, transition
+from httk_flow.workspace import Workspace
+
+
+class Committer:
+    def __init__(
+        self, ws: Workspace, actor: str, log: ManagerLog, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.ws = ws
+        self.actor = actor
+        self.log = log
+        self.clock = clock
+        self._submitter = Submitter(ws, actor=actor)
+
+    def ending_from_dir(
+        self, attempt_dir: str, exit_code: int | None, sig: int | None, *, interrupted: bool = False
+    ) -> Ending:
+        """Read the attempt's published outcome (if any) into an Ending."""
+        try:
+            out = read_outcome(attempt_dir)
+        except InvalidOutcome as e:
+            return Ending(exit_code, sig, None, e.render())
+        return Ending(exit_code, sig, out, None, interrupted=interrupted and out is None)
+
+    def commit(self, job: JobHandle, spec: JobSpec, frame: Frame, ending: Ending) -> JobHandle:
+        """running (or cancelling-free running) -> committing -> final. Raises TransitionConflict
+        when the attempt was fenced (cancelled, taken over) before it could commit."""
+        decision = decide(
+            spec,
+            frame,
+            ending,
+            now=self.clock(),
+            backoff_base=self.ws.policy.backoff_base,
+            backoff_cap=self.ws.policy.backoff_cap,
+        )
+        body = carry(
+            frame,
+            attempt=frame.get("attempt"),
+            result=ending.to_json(),
+            decision=decision.to_json(),
+            why=decision.why,
+        )
+        committing = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
+        self.log.transition(job.key, job.state.value, "committing", decision.why)
+        crash_point("commit.after_committing")
+        return self.finish(committing, spec, body, decision)
+
+    def resume(self, job: JobHandle, frame: Frame) -> JobHandle:
+        """Take over a committing marker whose owner is gone, then finish its commit."""
+        body = carry(
+            frame,
+            attempt=frame.get("attempt"),
+            result=frame.get("result"),
+            decision=frame.get("decision"),
+            why="commit resumed",
+        )
+        mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
+        self.log.transition(job.key, "committing", "committing", "taken over")
+        try:
+            spec = load_spec(self.ws, job.placement, job.key)
+            raw = frame.get("decision")
+            if not isinstance(raw, dict):
+                raise InvalidOutcome("the committing frame has no decision", obj=job.key)
+            decision = Decision.from_json(raw)
+        except (FlowError, KeyError, ValueError, TypeError) as e:
+            failure = {"code": "protocol_error", "message": str(e), "retryable": False}
+            return transition(
+                self.ws,
+                mine,
+                State.FAILED,
+                carry(frame, failure=failure, why="protocol_error"),
+                actor=self.actor,
+            )
+        if decision.target is State.WAITING:
+            # the children live in the attempt's outcome; read them again
+            att = frame.get("attempt") or {}
+            adir = att.get("dir") if isinstance(att, dict) else None
+            try:
+                out = read_outcome(str(adir)) if adir else None
+            except InvalidOutcome:
+                out = None
+            decision = Decision(
+                decision.target,
+                decision.why,
+                decision.body,
+                decision.not_before,
+                out.children if out else (),
+            )
+        return self.finish(mine, spec, body, decision)
+
+    def finish(
+        self, committing: JobHandle, spec: JobSpec, frame: Frame, decision: Decision
+    ) -> JobHandle:
+        if decision.children:
+            self._register_children(spec, frame, decision.children)
+            crash_point("commit.after_children")
+        body = carry(frame, **decision.body)
+        body["why"] = decision.why
+        if "result" in frame:
+            body["result"] = frame["result"]
+        if isinstance(frame.get("attempt"), dict):
+            body["attempt"] = frame["attempt"]
+        final = transition(
+            self.ws,
+            committing,
+            decision.target,
+            body,
+            actor=self.actor,
+            not_before=decision.not_before,
+        )
+        self.log.transition(committing.key, "committing", decision.target.value, decision.why)
+        crash_point("commit.after_final")
+        return final
+
+    def _register_children(
+        self, spec: JobSpec, frame: Frame, children: tuple[ChildDef, ...]
+    ) -> None:
+        act = int(frame.get("act", 1))
+        placement = child_placement(spec.placement, spec.key)
+        job_dir = self.ws.job_dir(spec.placement, spec.key)
+        reqs = []
+        for c in children:
+            program = spec.program if c.program is None else _child_program(job_dir, c.program)
+            reqs.append(
+                SubmitRequest(
+                    program=program,
+                    args=list(spec.args) if c.program is None else [],
+                    tag=c.tag,
+                    step=c.step,
+                    params=dict(c.params),
+                    priority=c.priority if c.priority is not None else spec.priority,
+                    placement=placement,
+                    pool=spec.pool,
+                    requires=list(spec.requires),
+                    retries=spec.retries,
+                    max_attempts=spec.max_attempts,
+                    workdir=spec.workdir,
+                    require_outcome=spec.require_outcome,
+                    parent=ParentRef(spec.id, spec.key, spec.placement, act, c.label),
+                    job_id=child_id(spec.id, act, c.label),
+                )
+            )
+        for _ in self._submitter.submit(reqs, idempotent=True):
+            pass
+
+
+def _child_program(job_dir: str, program: str) -> str:
+    return program if os.path.isabs(program) else os.path.join(job_dir, program)

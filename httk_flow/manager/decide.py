@@ -1,0 +1,140 @@
+"""What an ended attempt means for its job: a pure function from evidence to a Decision."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from httk_flow.jobspec import JobSpec
+from httk_flow.journal import Frame
+from httk_flow.outcome import Action, ChildDef, Outcome
+from httk_flow.states import State
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How an attempt ended, as the manager observed it."""
+
+    exit_code: int | None  # None: killed by a signal, or not our child (unknown)
+    signal: int | None = None
+    outcome: Outcome | None = None
+    outcome_error: str | None = None
+    interrupted: bool = False  # we (drain) or a dead manager stopped it: not the job's fault
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"exit": self.exit_code, "signal": self.signal}
+        if self.outcome is not None:
+            d["outcome"] = self.outcome.to_json()
+        if self.outcome_error:
+            d["outcome_error"] = self.outcome_error
+        if self.interrupted:
+            d["interrupted"] = True
+        return d
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: State
+    why: str
+    body: dict[str, Any] = field(default_factory=dict)  # snapshot changes for the final frame
+    not_before: int = 0
+    children: tuple[ChildDef, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target.value,
+            "why": self.why,
+            "body": self.body,
+            "not_before": self.not_before,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Decision:
+        return cls(State(d["target"]), str(d["why"]), dict(d["body"]), int(d["not_before"]))
+
+
+def decide(
+    spec: JobSpec,
+    frame: Frame,
+    ending: Ending,
+    *,
+    now: float,
+    backoff_base: float,
+    backoff_cap: float,
+) -> Decision:
+    """The next state of a job whose current attempt ended as `ending` describes."""
+    step = str(frame.get("step", spec.step))
+    act = int(frame.get("act", 1))
+    tried = int(frame.get("try", 1))
+    tries = int(frame.get("tries", 1))
+
+    def failed(code: str, message: str) -> Decision:
+        failure = {"code": code, "message": message, "retryable": code == "budget_exhausted"}
+        return Decision(State.FAILED, code, {"failure": failure, "last": code})
+
+    def again(why: str, *, charged: bool) -> Decision:
+        if not charged:
+            return Decision(State.READY, why, {"try": max(0, tried - 1), "last": why})
+        if tried > spec.retries or tries >= spec.max_attempts:
+            budget = "retries" if tried > spec.retries else "max_attempts"
+            return failed(
+                "budget_exhausted",
+                f"step {step} failed {tried} time(s) ({why}); the {budget} budget is spent",
+            )
+        delay = min(backoff_cap, backoff_base * (2 ** max(0, tried - 1)))
+        return Decision(
+            State.READY, why, {"last": why}, not_before=math.ceil(now + delay) if delay else 0
+        )
+
+    if ending.outcome_error is not None:
+        return failed("protocol_error", ending.outcome_error)
+    out = ending.outcome
+    if out is None:
+        if ending.interrupted:
+            return again("interrupted", charged=False)
+        if ending.exit_code == 0:
+            if spec.require_outcome:
+                return failed(
+                    "protocol_error", f"step {step} exited 0 without publishing an outcome"
+                )
+            return Decision(State.SUCCEEDED, "exit_0", {"last": "succeeded"})
+        what = (
+            f"exit status {ending.exit_code}"
+            if ending.exit_code is not None
+            else f"signal {ending.signal}"
+            if ending.signal
+            else "ended without a trace"
+        )
+        return again(f"process failure: {what}", charged=True)
+    msg = {"message": out.message} if out.message else {}
+    match out.action:
+        case Action.SUCCEED:
+            return Decision(State.SUCCEEDED, "succeed", {**msg, "last": "succeeded"})
+        case Action.FAIL:
+            failure = {"code": out.code or "failed", "message": out.message, "retryable": False}
+            return Decision(State.FAILED, "fail", {"failure": failure, "last": "failed"})
+        case Action.ADVANCE:
+            assert out.step is not None
+            body = {**msg, "step": out.step, "act": act + 1, "try": 0, "last": "advanced"}
+            return Decision(State.READY, "advance", body)
+        case Action.RETRY:
+            return again(f"retry requested: {out.message}", charged=True)
+        case Action.PAUSE:
+            return Decision(State.PAUSED, "pause", {**msg, "last": "paused"})
+        case Action.WAIT:
+            assert out.step is not None
+            join = {
+                "mode": out.join.value,
+                "next": out.step,
+                "on_impossible": out.on_impossible,
+                "act": act,
+                "children": [[c.label, c.tag] for c in out.children],
+            }
+            return Decision(
+                State.WAITING,
+                "wait",
+                {**msg, "join": join, "last": "waiting"},
+                children=out.children,
+            )
+    raise AssertionError(out.action)

@@ -1,0 +1,184 @@
+"""This manager's own attempts: launch behind the gate, reap, commit, and stop on demand."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from httk_flow.crash import crash_point
+from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.jobs import fail
+from httk_flow.jobspec import JobSpec
+from httk_flow.journal import Frame
+from httk_flow.manager.attempts import AttemptPlan, prepare
+from httk_flow.manager.commit import Committer
+from httk_flow.manager.launcher import LaunchedProcess, group_alive, launch, signal_group
+from httk_flow.manager.log import ManagerLog
+from httk_flow.states import State
+from httk_flow.transition import JobHandle, carry, locate_key, transition
+from httk_flow.workspace import Workspace
+
+
+@dataclass
+class LocalAttempt:
+    job: JobHandle
+    spec: JobSpec
+    frame: Frame
+    plan: AttemptPlan
+    proc: LaunchedProcess
+    started: float
+    term_at: float | None = None  # when we sent TERM (drain or cancel)
+    interrupted: bool = False  # stopped by our drain: not charged to the job
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An attempt that ended here, and the state its job reached."""
+
+    key: str
+    state: State | None
+
+
+class LocalAttempts:
+    def __init__(
+        self,
+        ws: Workspace,
+        actor: str,
+        log: ManagerLog,
+        committer: Committer,
+        *,
+        kill_grace: float,
+        clock: Callable[[], float] = time.time,
+        on_start: Callable[[LocalAttempt], None] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.actor = actor
+        self.log = log
+        self.committer = committer
+        self.kill_grace = kill_grace
+        self.clock = clock
+        self.on_start = on_start
+        self.by_key: dict[str, LocalAttempt] = {}
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    def start(
+        self,
+        claimed: JobHandle,
+        spec: JobSpec,
+        claim_body: Frame,
+        extra_context: dict[str, object] | None = None,
+    ) -> JobHandle | None:
+        """claimed -> running behind a closed gate; opens the gate once the marker says so."""
+        number = int(claim_body["tries"])
+        try:
+            plan = prepare(self.ws, spec, claim_body, number=number, extra_context=extra_context)
+            proc = launch(
+                plan.argv, cwd=plan.workdir, env=plan.env, stdout=plan.stdout, stderr=plan.stderr
+            )
+        except OSError as e:
+            msg = f"cannot start the attempt ({e.strerror}: {e.filename or ''})"
+            self.log.problem(claimed.key, msg)
+            try:
+                fail(self.ws, claimed, claim_body, "launch_error", msg, actor=self.actor)
+            except TransitionConflict:
+                pass
+            return None
+        crash_point("launch.after_spawn")
+        attempt = dict(claim_body["attempt"])
+        attempt.update(pid=proc.pid, pgid=proc.pid, start_time=proc.start_time, dir=plan.dir)
+        body = carry(claim_body, attempt=attempt)
+        try:
+            running = transition(self.ws, claimed, State.RUNNING, body, actor=self.actor)
+        except FlowError as e:
+            proc.close_gate()  # the gate closes unopened: the program never runs
+            proc.popen.wait()
+            proc.close()
+            self.log.problem(claimed.key, f"lost the job before launch: {e.render()}")
+            return None
+        crash_point("launch.after_running")
+        proc.open_gate()
+        self.log.transition(claimed.key, "claimed", "running", plan.name)
+        la = LocalAttempt(running, spec, body, plan, proc, self.clock())
+        self.by_key[running.key] = la
+        if self.on_start:
+            self.on_start(la)
+        return running
+
+    def reap(self) -> list[Finished]:
+        """Commit every attempt whose process has exited."""
+        done = []
+        for key, la in list(self.by_key.items()):
+            rc = la.proc.poll()
+            if rc is None:
+                if la.term_at is not None and self.clock() - la.term_at > self.kill_grace:
+                    la.proc.signal_group(signal.SIGKILL)
+                continue
+            del self.by_key[key]
+            la.proc.close()
+            done.append(Finished(key, self._settle(la, rc)))
+        return done
+
+    def _settle(self, la: LocalAttempt, rc: int) -> State | None:
+        code, sig = (rc, None) if rc >= 0 else (None, -rc)
+        if la.term_at is not None:
+            # a stopped attempt may leave group members behind: make sure none survive
+            signal_group(la.proc.pid, signal.SIGKILL)
+        ending = self.committer.ending_from_dir(la.plan.dir, code, sig, interrupted=la.interrupted)
+        try:
+            return self.committer.commit(la.job, la.spec, la.frame, ending).state
+        except TransitionConflict:
+            return self._fenced(la, code, sig)
+        except FlowError as e:
+            self.log.problem(la.job.key, f"commit failed: {e.render()}")
+            return None
+
+    def _fenced(self, la: LocalAttempt, code: int | None, sig: int | None) -> State | None:
+        """The marker moved under the attempt: finish a cancellation, else let it go."""
+        now = locate_key(self.ws, la.job.placement, la.job.key)
+        if now is None or now.state is not State.CANCELLING:
+            self.log.problem(la.job.key, "attempt was fenced; its outcome is ignored")
+            return None
+        frame = self.ws.reader.read(now.marker.ref)
+        att = frame.get("attempt") or {}
+        if not isinstance(att, dict) or att.get("manager") != self.actor:
+            return None
+        signal_group(la.proc.pid, signal.SIGKILL)
+        evidence = {
+            "exit": code,
+            "signal": sig,
+            "verified": "reaped by its manager",
+            "group_gone": not group_alive(la.proc.pid),
+        }
+        body = carry(frame, attempt=att, evidence=evidence, why="cancelled")
+        try:
+            transition(self.ws, now, State.CANCELLED, body, actor=self.actor)
+        except TransitionConflict:
+            return None
+        self.log.transition(now.key, "cancelling", "cancelled", "exit verified")
+        return State.CANCELLED
+
+    def stop(self, key: str, *, interrupted: bool) -> bool:
+        """TERM an attempt's process group (KILL follows after the grace in reap)."""
+        la = self.by_key.get(key)
+        if la is None:
+            return False
+        if la.term_at is None:
+            la.term_at = self.clock()
+            la.interrupted = interrupted
+            la.proc.signal_group(signal.SIGTERM)
+        return True
+
+    def stop_all(self, *, interrupted: bool) -> None:
+        for key in list(self.by_key):
+            self.stop(key, interrupted=interrupted)
+
+    def kill_all(self) -> None:
+        for la in self.by_key.values():
+            la.proc.signal_group(signal.SIGKILL)
+
+    def pidfds(self) -> list[int]:
+        return [la.proc.pidfd for la in self.by_key.values() if la.proc.pidfd >= 0]

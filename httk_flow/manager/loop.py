@@ -1,0 +1,304 @@
+"""The manager: one nonblocking tick of passes, a loop that wakes on child exits, and
+orderly shutdown (first signal drains, a second one exits at once)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+from httk_flow.errors import FlowError
+from httk_flow.leases import ManagerInfo, mark_stopped, write_heartbeat
+from httk_flow.maintenance import read_lock
+from httk_flow.manager.commit import Committer
+from httk_flow.manager.config import ManagerConfig
+from httk_flow.manager.launcher import proc_start_time
+from httk_flow.manager.local import LocalAttempts
+from httk_flow.manager.log import ManagerLog
+from httk_flow.manager.owners import OwnerOracle
+from httk_flow.manager.passes import ClaimPass, JoinPass, PassContext, RecoveryPass, RegisterPass
+from httk_flow.names import to36
+from httk_flow.states import State
+from httk_flow.workspace import Workspace
+
+#: a second SIGTERM this soon after the first is the batch system repeating itself
+REPEAT_SIGNAL_WINDOW = 1.0
+
+
+@dataclass
+class TickResult:
+    actions: int
+    started: int
+    finished: int
+
+
+class Manager:
+    def __init__(
+        self, ws: Workspace, config: ManagerConfig, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.ws = ws
+        self.config = config
+        self.clock = clock
+        self.id = "m" + to36(secrets.randbits(48))
+        self.lease = config.lease or ws.policy.lease
+        self.log = ManagerLog(self.id, config.log_format, enabled=config.verbose)
+        self.started = clock()
+        self._start_time = proc_start_time(os.getpid()) or 0
+        self._last_beat = -1e18
+        self.draining = False
+        self._drain_started = 0.0
+        self._signals: list[float] = []
+        self._stop_now = False
+        self.failed_jobs = 0
+        self.succeeded_jobs = 0
+        self._lock_checked = -1e18
+        self._idle_marks = (0, 0, 0)
+        self._locked = False
+        ctx = PassContext(ws, self.id, self.log, config.placements, self.heartbeat, clock)
+        self.ctx = ctx
+        self.committer = Committer(ws, self.id, self.log, clock)
+        self.oracle = OwnerOracle(ws, self.id, refresh=max(0.5, self.lease / 4))
+        self.local = LocalAttempts(
+            ws, self.id, self.log, self.committer, kill_grace=config.kill_grace, clock=clock
+        )
+        self.register = RegisterPass(ctx)
+        self.claim = ClaimPass(ctx, config.pools, config.capabilities, config.ends_at)
+        self.joins = JoinPass(ctx)
+        self.recovery = RecoveryPass(
+            ctx,
+            self.oracle,
+            self.committer,
+            mine=lambda k: k in self.local.by_key,
+            on_cancel_mine=self._cancel_local,
+        )
+
+    def _cancel_local(self, key: str) -> None:
+        self.local.stop(key, interrupted=False)
+
+    # -- lease -------------------------------------------------------------------
+
+    def info(self) -> ManagerInfo:
+        return ManagerInfo(
+            id=self.id,
+            host=self.ws.host,
+            pid=os.getpid(),
+            started=self.started,
+            pools=self.config.pools,
+            capabilities=self.config.capabilities,
+            placements=self.config.placements,
+            workers=self.config.workers,
+            running=len(self.local),
+            draining=self.draining,
+            ends_at=self.config.ends_at,
+            lease=self.lease,
+            start_time=self._start_time,
+        )
+
+    def heartbeat(self, force: bool = False) -> None:
+        """Rewrite heartbeat.json when a third of the lease has passed (also mid-scan)."""
+        now = time.monotonic()
+        if force or now - self._last_beat >= self.lease / 3:
+            write_heartbeat(self.ws, self.info())
+            self._last_beat = now
+
+    # -- the tick ----------------------------------------------------------------
+
+    def locked(self) -> bool:
+        now = time.monotonic()
+        if now - self._lock_checked > 1.0:
+            self._locked = read_lock(self.ws) is not None
+            self._lock_checked = now
+        return self._locked
+
+    def tick(self) -> TickResult:
+        budget = self.config.scan_budget
+        self.heartbeat()
+        actions = self.register.run(budget)
+        actions += self.recovery.run(budget)
+        finished = self._reap()
+        actions += self.joins.run(budget)
+        started = 0
+        free = self.config.workers - len(self.local)
+        if free > 0 and not self.draining and not self.locked():
+            for c in self.claim.take(free, budget):
+                if self.draining:
+                    self.claim.release(c)
+                    continue
+                extra = self._join_context(c.ready_frame)
+                if self.local.start(c.handle, c.spec, c.body, extra) is not None:
+                    started += 1
+        finished += self._reap()
+        return TickResult(actions + started + finished, started, finished)
+
+    def _reap(self) -> int:
+        done = self.local.reap()
+        for f in done:
+            if f.state is State.FAILED:
+                self.failed_jobs += 1
+            elif f.state is State.SUCCEEDED:
+                self.succeeded_jobs += 1
+        return len(done)
+
+    def _join_context(self, frame: dict[str, object]) -> dict[str, object] | None:
+        """For the step after a join: every child's label, id, state and directory."""
+        if frame.get("why") not in ("joined", "join impossible"):
+            return None
+        from httk_flow.children import child_states
+
+        try:
+            ref = frame.get("prev")
+            from httk_flow.names import RecordRef
+
+            waiting = self.ws.reader.read(RecordRef.parse(str(ref)))
+            join = waiting["join"]
+            pairs = [(str(p[0]), p[1]) for p in join["children"]]
+            kids = child_states(
+                self.ws,
+                str(frame["placement"]),
+                str(frame["key"]),
+                str(frame["job"]),
+                int(join["act"]),
+                [p[0] for p in pairs],
+                dict(pairs),
+            )
+        except (FlowError, KeyError, TypeError, ValueError):
+            return None
+        return {
+            "children": [
+                {
+                    "label": k.label,
+                    "id": k.id,
+                    "state": k.state.value if k.state else "missing",
+                    "path": k.path,
+                }
+                for k in kids
+            ]
+        }
+
+    # -- the loop ----------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self._signals and now - self._signals[-1] < REPEAT_SIGNAL_WINDOW:
+            return  # Slurm may deliver the walltime TERM twice within milliseconds
+        self._signals.append(now)
+        if len(self._signals) == 1:
+            self.begin_drain(f"signal {signal.Signals(signum).name}")
+        else:
+            self._stop_now = True
+
+    def begin_drain(self, why: str) -> None:
+        if not self.draining:
+            self.draining = True
+            self._drain_started = time.monotonic()
+            self.log.info(f"draining ({why}): no new claims; stopping {len(self.local)} attempt(s)")
+            self.local.stop_all(interrupted=True)
+            self.heartbeat(force=True)
+
+    def run(self, install_signals: bool = True) -> int:
+        """Serve until drained or idle; returns the exit status for `flow run`."""
+        sel = selectors.DefaultSelector()
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        sel.register(wake_r, selectors.EVENT_READ)
+        old: list[tuple[signal.Signals, object]] = []
+        if install_signals:
+            signal.set_wakeup_fd(wake_w)
+            for s in (signal.SIGTERM, signal.SIGINT):
+                old.append((s, signal.signal(s, self._on_signal)))
+        self.heartbeat(force=True)
+        self.log.info(
+            f"manager {self.id} serving {self.ws.root} with {self.config.workers} worker(s)"
+        )
+        idle_since: float | None = None
+        registered: set[int] = set()
+        try:
+            while not self._stop_now:
+                if (
+                    self.config.ends_at is not None
+                    and not self.draining
+                    and self.clock() >= self.config.ends_at
+                ):
+                    self.begin_drain("walltime reached")
+                result = self.tick()
+                if self.draining:
+                    if not self.local:
+                        break
+                    if time.monotonic() - self._drain_started > self.config.drain_timeout:
+                        self.local.kill_all()
+                # idle: nothing to do here and nothing anyone could still hand us
+                if self.config.exit_when_idle is not None and not self.draining:
+                    if self._quiet(result):
+                        idle_since = idle_since or time.monotonic()
+                        if time.monotonic() - idle_since >= self.config.exit_when_idle:
+                            break
+                    else:
+                        idle_since = None
+                fds = set(self.local.pidfds())
+                for fd in registered - fds:
+                    with contextlib.suppress(KeyError, ValueError, OSError):
+                        sel.unregister(fd)
+                for fd in fds - registered:
+                    with contextlib.suppress(KeyError, ValueError, OSError):
+                        sel.register(fd, selectors.EVENT_READ)
+                registered = fds
+                if result.actions == 0 or len(self.local) >= self.config.workers:
+                    for key, _ in sel.select(self.config.poll_interval):
+                        if key.fd == wake_r:
+                            with contextlib.suppress(OSError):
+                                os.read(wake_r, 512)
+        finally:
+            if self._stop_now:
+                self.local.kill_all()
+                self.log.info("second signal: exiting at once; leases recover the rest")
+            if install_signals:
+                signal.set_wakeup_fd(-1)
+                for signum, handler in old:
+                    signal.signal(signum, handler)  # type: ignore[arg-type]
+            sel.close()
+            os.close(wake_r)
+            os.close(wake_w)
+            if not self.local:
+                mark_stopped(self.ws, self.id)
+            self.heartbeat(force=True)
+            self.log.info(
+                f"manager {self.id} stopped: {self.succeeded_jobs} succeeded, "
+                f"{self.failed_jobs} failed"
+            )
+        return 1 if self.failed_jobs else 0
+
+    def _quiet(self, result: TickResult) -> bool:
+        """Every discovery stream went round once with nothing done, and nobody else
+        holds work that could still come our way."""
+        marks = (self.register.stream.cycles, self.claim.stream.cycles, self.joins.stream.cycles)
+        if result.actions or self.local:
+            self._idle_marks = marks
+            return False
+        if any(m < o + 1 for m, o in zip(marks, self._idle_marks, strict=True)):
+            return False
+        return self._nothing_pending()
+
+    def _nothing_pending(self) -> bool:
+        from httk_flow.discovery import walk_all
+
+        for st in (
+            State.SUBMITTED,
+            State.CLAIMED,
+            State.RUNNING,
+            State.COMMITTING,
+            State.CANCELLING,
+        ):
+            for _ in walk_all(self.ws, st, self.config.placements):
+                return False
+        # a waiting job whose children are all ready-but-unservable is not our business
+        for h in walk_all(self.ws, State.READY, self.config.placements):
+            if h.marker.not_before and self.claim._serves(h):
+                return False
+        return True

@@ -1,0 +1,359 @@
+"""The discovery-driven passes of a tick: register, claim, joins, and recovery of others' work.
+
+Each pass walks its state kind through a bounded MarkerStream, so a tick's work is bounded
+whatever the size of the workspace; a broken job is reported once and skipped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from httk_flow.children import child_states
+from httk_flow.discovery import MarkerStream
+from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.jobs import fail, load_spec, register
+from httk_flow.jobspec import JobSpec
+from httk_flow.journal import Frame
+from httk_flow.manager.commit import Committer
+from httk_flow.manager.launcher import group_alive, process_alive, signal_group
+from httk_flow.manager.log import ManagerLog
+from httk_flow.manager.owners import OwnerOracle
+from httk_flow.services import ServiceRegistry
+from httk_flow.states import State
+from httk_flow.transition import JobHandle, carry, transition
+from httk_flow.workspace import Workspace
+
+
+@dataclass
+class PassContext:
+    """What every pass shares: the workspace, who we are, and how to report."""
+
+    ws: Workspace
+    actor: str
+    log: ManagerLog
+    placements: tuple[str, ...]
+    heartbeat: Callable[[], None]
+    clock: Callable[[], float] = time.time
+    reported: set[tuple[str, str]] = field(default_factory=set)
+
+    def report_once(self, key: str, message: str) -> None:
+        if (key, message) not in self.reported:
+            if len(self.reported) > 100_000:
+                self.reported.clear()
+            self.reported.add((key, message))
+            self.log.problem(key, message)
+
+    def stream(self, state: State) -> MarkerStream:
+        return MarkerStream(
+            self.ws, state, self.placements, on_bad=lambda path, why: self.report_once(path, why)
+        )
+
+
+class RegisterPass:
+    """submitted -> ready (or failed with protocol_error)."""
+
+    def __init__(self, ctx: PassContext) -> None:
+        self.ctx = ctx
+        self.stream = ctx.stream(State.SUBMITTED)
+
+    def run(self, budget: int) -> int:
+        n = 0
+        for h in self.stream.next_batch(budget, self.ctx.heartbeat):
+            try:
+                new = register(self.ctx.ws, h, actor=self.ctx.actor)
+            except TransitionConflict:
+                continue
+            except FlowError as e:
+                self.ctx.report_once(h.key, e.render())
+                continue
+            self.ctx.log.transition(h.key, "submitted", new.state.value)
+            n += 1
+        return n
+
+
+@dataclass(order=True)
+class _Candidate:
+    sort: tuple[int, int]
+    handle: JobHandle = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    handle: JobHandle
+    spec: JobSpec
+    body: Frame
+    ready_frame: Frame
+
+
+class ClaimPass:
+    """ready -> claimed for jobs this manager may serve, best priority first."""
+
+    def __init__(
+        self, ctx: PassContext, pools: tuple[str, ...], caps: tuple[str, ...], ends_at: float | None
+    ) -> None:
+        self.ctx = ctx
+        self.stream = ctx.stream(State.READY)
+        self.pools, self.caps = pools, caps
+        self.ends_at = ends_at
+        self.registry = ServiceRegistry(ctx.ws)
+        self._heap: list[_Candidate] = []
+        self._seq = 0
+        self._too_long: dict[str, float] = {}
+
+    def _serves(self, h: JobHandle) -> bool:
+        sc = self.registry.get(h.marker.service)
+        if sc is None:
+            self.ctx.report_once(h.key, f"unknown service class {h.marker.service!r}")
+            return False
+        return sc.served_by(self.pools, self.caps)
+
+    def refill(self, budget: int) -> None:
+        for h in self.stream.next_batch(budget, self.ctx.heartbeat):
+            if not self._serves(h):
+                continue
+            self._seq += 1
+            heapq.heappush(self._heap, _Candidate((-h.marker.priority, self._seq), h))
+
+    def take(self, n: int, budget: int) -> list[Claimed]:
+        """Claim up to n jobs; scans at most a few budgets' worth of entries."""
+        out: list[Claimed] = []
+        now = self.ctx.clock()
+        scans = 0
+        while len(out) < n:
+            if not self._heap:
+                if scans >= 2:
+                    break
+                self.refill(budget)
+                scans += 1
+                if not self._heap:
+                    continue
+            cand = heapq.heappop(self._heap).handle
+            if cand.marker.not_before > now:
+                continue
+            got = self._claim(cand, now)
+            if got is not None:
+                out.append(got)
+        return out
+
+    def _claim(self, h: JobHandle, now: float) -> Claimed | None:
+        ctx = self.ctx
+        if self.ends_at is not None and self._too_long.get(h.key, 0) > now:
+            return None
+        try:
+            frame = ctx.ws.reader.read(h.marker.ref)
+            spec = load_spec(ctx.ws, h.placement, h.key)
+        except FileNotFoundError:
+            return None  # claimed by someone else meanwhile, or gone
+        except FlowError as e:
+            try:
+                fail(ctx.ws, h, {}, "protocol_error", e.render(), actor=ctx.actor)
+                ctx.log.transition(h.key, "ready", "failed", "protocol_error")
+            except FlowError:
+                ctx.report_once(h.key, e.render())
+            return None
+        if self.ends_at is not None and spec.time is not None and now + spec.time > self.ends_at:
+            self._too_long[h.key] = now + 60
+            return None
+        attempt = {
+            "n": int(frame.get("tries", 0)) + 1,
+            "manager": ctx.actor,
+            "host": ctx.ws.host,
+            "step": frame.get("step", spec.step),
+        }
+        attempt["id"] = f"a{attempt['n']:04d}"
+        body = carry(frame, attempt=attempt, why="claimed")
+        body["try"] = int(frame.get("try", 0)) + 1
+        body["tries"] = attempt["n"]
+        try:
+            claimed = transition(ctx.ws, h, State.CLAIMED, body, actor=ctx.actor)
+        except TransitionConflict:
+            return None
+        except FileNotFoundError:
+            return None
+        ctx.log.transition(h.key, "ready", "claimed")
+        return Claimed(claimed, spec, body, frame)
+
+    def release(self, c: Claimed) -> None:
+        """Give a claim back (drain started between claim and launch)."""
+        body = carry(c.body, try_=None, why="released")
+        body.pop("try_", None)
+        body["try"] = max(0, int(c.body.get("try", 1)) - 1)
+        try:
+            transition(self.ctx.ws, c.handle, State.READY, body, actor=self.ctx.actor)
+        except FlowError:
+            pass
+
+
+class JoinPass:
+    """waiting -> ready at the next step once the join is decided (or failed if impossible)."""
+
+    def __init__(self, ctx: PassContext) -> None:
+        self.ctx = ctx
+        self.stream = ctx.stream(State.WAITING)
+
+    def run(self, budget: int) -> int:
+        n = 0
+        for h in self.stream.next_batch(budget, self.ctx.heartbeat):
+            try:
+                n += self._evaluate(h)
+            except TransitionConflict:
+                continue
+            except FlowError as e:
+                self.ctx.report_once(h.key, e.render())
+        return n
+
+    def _evaluate(self, h: JobHandle) -> int:
+        ctx = self.ctx
+        frame = ctx.ws.reader.read(h.marker.ref)
+        join = frame.get("join")
+        if not isinstance(join, dict):
+            fail(ctx.ws, h, frame, "protocol_error", "waiting without a join", actor=ctx.actor)
+            return 1
+        pairs = [(str(p[0]), p[1]) for p in join.get("children", [])]
+        labels = [label for label, _ in pairs]
+        tags = {label: tag for label, tag in pairs}
+        kids = child_states(ctx.ws, h.placement, h.key, h.job_id, int(join["act"]), labels, tags)
+        states = [k.state for k in kids]
+        done = [s for s in states if s is not None and s.is_terminal]
+        ok = [s for s in states if s is State.SUCCEEDED]
+        bad = [k for k in kids if k.state in (State.FAILED, State.CANCELLED)]
+        mode = join.get("mode")
+        if mode == "any_succeeded":
+            release, impossible = bool(ok), len(done) == len(kids) and not ok
+        elif mode == "all_done":
+            release, impossible = len(done) == len(kids), False
+        else:
+            release, impossible = len(ok) == len(kids), bool(bad)
+        summary = {"children": len(kids), "succeeded": len(ok), "failed": len(bad)}
+        if release:
+            body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
+            body.pop("try_", None)
+            body.update(**{"try": 0}, why="joined", joined=summary, last="joined")
+            transition(ctx.ws, h, State.READY, body, actor=ctx.actor)
+            ctx.log.transition(h.key, "waiting", "ready", "joined")
+            return 1
+        if impossible:
+            failed = ", ".join(f"{k.label} ({k.state.value if k.state else '?'})" for k in bad[:10])
+            if join.get("on_impossible"):
+                body = carry(frame, step=join["on_impossible"], act=int(frame.get("act", 1)) + 1)
+                body.update(**{"try": 0}, why="join impossible", joined=summary, last="joined")
+                transition(ctx.ws, h, State.READY, body, actor=ctx.actor)
+                ctx.log.transition(h.key, "waiting", "ready", "join impossible")
+            else:
+                fail(
+                    ctx.ws,
+                    h,
+                    frame,
+                    "dependency_failure",
+                    f"children failed: {failed}" + (" ..." if len(bad) > 10 else ""),
+                    actor=ctx.actor,
+                )
+                ctx.log.transition(h.key, "waiting", "failed", "dependency_failure")
+            return 1
+        return 0
+
+
+class RecoveryPass:
+    """Work whose owner is gone: claims released, attempts recovered, commits and
+    cancellations finished. Each takeover records its evidence in the frame."""
+
+    def __init__(
+        self,
+        ctx: PassContext,
+        oracle: OwnerOracle,
+        committer: Committer,
+        mine: Callable[[str], bool],
+        on_cancel_mine: Callable[[str], None],
+    ) -> None:
+        self.ctx = ctx
+        self.oracle = oracle
+        self.committer = committer
+        self.mine = mine
+        self.on_cancel_mine = on_cancel_mine
+        self.streams = {
+            st: ctx.stream(st)
+            for st in (State.CANCELLING, State.COMMITTING, State.RUNNING, State.CLAIMED)
+        }
+
+    def run(self, budget: int) -> int:
+        n = 0
+        share = max(1, budget // len(self.streams))
+        for stream in self.streams.values():
+            for h in stream.next_batch(share, self.ctx.heartbeat):
+                try:
+                    n += self._one(h)
+                except TransitionConflict:
+                    continue
+                except FlowError as e:
+                    self.ctx.report_once(h.key, e.render())
+        return n
+
+    def _one(self, h: JobHandle) -> int:
+        ctx = self.ctx
+        frame = ctx.ws.reader.read(h.marker.ref)
+        att = frame.get("attempt")
+        att = att if isinstance(att, dict) else {}
+        owner = att.get("manager")
+        if owner == ctx.actor:
+            if h.state is State.CANCELLING and self.mine(h.key):
+                self.on_cancel_mine(h.key)
+            return 0
+        evidence = self.oracle.gone(owner if isinstance(owner, str) else None)
+        if evidence is None:
+            return 0
+        same_host = att.get("host") == ctx.ws.host
+        pid = att.get("pid")
+        if h.state in (State.RUNNING, State.CANCELLING) and isinstance(pid, int):
+            if same_host:
+                if process_alive(pid, att.get("start_time")) or group_alive(pid):
+                    # an orphan of a dead manager: stop it, take over once it is gone
+                    signal_group(pid, 9)
+                    return 0
+                evidence = "process_gone"
+            elif evidence != "stopped" and h.state is State.RUNNING:
+                spec_workdir = self._workdir(h)
+                if spec_workdir == "persistent" and not ctx.ws.policy.persistent_takeover:
+                    ctx.report_once(
+                        h.key,
+                        "running on a silent manager's host with a "
+                        "persistent workdir; not taken over on lease age alone "
+                        "(see docs/operations.md)",
+                    )
+                    return 0
+        proof = {"owner": owner, "evidence": evidence, "host": ctx.ws.host}
+        if h.state is State.CLAIMED:
+            body = carry(frame, why="released: owner gone", evidence=proof)
+            body["try"] = max(0, int(frame.get("try", 1)) - 1)
+            transition(ctx.ws, h, State.READY, body, actor=ctx.actor)
+            ctx.log.transition(h.key, "claimed", "ready", f"owner {owner} {evidence}")
+        elif h.state is State.CANCELLING:
+            body = carry(frame, attempt=att, why="cancelled", evidence=proof)
+            transition(ctx.ws, h, State.CANCELLED, body, actor=ctx.actor)
+            ctx.log.transition(h.key, "cancelling", "cancelled", f"owner {owner} {evidence}")
+        elif h.state is State.COMMITTING:
+            self.committer.resume(h, frame)
+        elif h.state is State.RUNNING:
+            spec = load_spec(ctx.ws, h.placement, h.key)
+            adir = att.get("dir")
+            ending = (
+                self.committer.ending_from_dir(str(adir), None, None, interrupted=True)
+                if isinstance(adir, str)
+                else None
+            )
+            if ending is None:
+                return 0
+            body = dict(frame)
+            body["evidence"] = proof
+            self.committer.commit(
+                h, spec, {**carry(frame), "attempt": att, "evidence": proof}, ending
+            )
+        return 1
+
+    def _workdir(self, h: JobHandle) -> str:
+        try:
+            return load_spec(self.ctx.ws, h.placement, h.key).workdir
+        except FlowError:
+            return "persistent"

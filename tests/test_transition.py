@@ -1,0 +1,191 @@
+"""transition: one verified rename of the exact current marker, resolved after any error."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from httk_flow import fsio
+from httk_flow.errors import FlowError, IllegalTransition, TransitionConflict
+from httk_flow.names import Marker
+from httk_flow.states import State
+from httk_flow.submit import SubmitRequest, Submitter
+from httk_flow.transition import JobHandle, carry, locate_key, transition
+from httk_flow.workspace import Workspace
+
+from helpers import markers_in
+
+
+def _submitted(ws: Workspace, submitter: Submitter, placement: str = "t/one") -> JobHandle:
+    [spec] = submitter.submit([SubmitRequest(program="true", placement=placement)])
+    handle = locate_key(ws, spec.placement, spec.key)
+    assert handle is not None and handle.state is State.SUBMITTED
+    return handle
+
+
+def test_a_transition_renames_the_marker_and_appends_a_frame_naming_the_previous(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = _submitted(ws, submitter)
+    first = ws.reader.read(job.marker.ref)
+    ready = transition(ws, job, State.READY, carry(first, note="hi"), actor="mgr-1")
+
+    assert not os.path.exists(job.path(ws))
+    assert os.path.isfile(ready.path(ws))
+    assert ready.state is State.READY and ready.placement == job.placement
+    assert ready.marker.generation == 1 and ready.marker.key == job.key
+    assert markers_in(ws, State.SUBMITTED) == []
+    assert markers_in(ws, State.READY) == [f"t/one/{ready.marker.name}"]
+
+    frame = ws.reader.read(ready.marker.ref)
+    assert frame["prev"] == str(job.marker.ref)
+    assert (frame["from"], frame["to"], frame["gen"], frame["by"]) == (
+        "submitted",
+        "ready",
+        1,
+        "mgr-1",
+    )
+    assert frame["job"] == job.job_id and frame["placement"] == "t/one"
+    assert frame["note"] == "hi"
+    assert frame["step"] == first["step"]  # carried forward
+    assert [f["to"] for f in ws.reader.chain(ready.marker.ref)] == ["ready", "submitted"]
+
+
+def test_priority_and_not_before_travel_in_the_new_marker_name(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = _submitted(ws, submitter)
+    ready = transition(ws, job, State.READY, {}, actor="a")
+    later = transition(ws, ready, State.READY, {}, actor="a", priority=17, not_before=2_000_000_000)
+    parsed = Marker.from_name(os.path.basename(later.path(ws)))
+    assert (parsed.priority, parsed.not_before, parsed.generation) == (17, 2_000_000_000, 2)
+
+
+def test_an_illegal_transition_is_refused_before_anything_is_written(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = _submitted(ws, submitter)
+    segment = os.path.join(ws.journal_dir, ws.writer.writer_id, "0.jsonl")
+    size = os.path.getsize(segment)
+    with pytest.raises(IllegalTransition):
+        transition(ws, job, State.RUNNING, {}, actor="a")
+    assert os.path.isfile(job.path(ws))
+    assert os.path.getsize(segment) == size
+
+
+def test_a_transition_out_of_a_permanent_state_is_illegal(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = transition(ws, _submitted(ws, submitter), State.CANCELLED, {}, actor="a")
+    for target in State:
+        with pytest.raises(IllegalTransition):
+            transition(ws, job, target, {}, actor="a")
+
+
+def test_losing_the_race_for_a_marker_raises_transition_conflict(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = transition(ws, _submitted(ws, submitter), State.READY, {}, actor="a")
+    winner = transition(ws, job, State.CLAIMED, {}, actor="winner")
+    with pytest.raises(TransitionConflict) as info:
+        transition(ws, job, State.CLAIMED, {}, actor="loser")  # a stale handle
+    assert "claimed" in str(info.value)
+    assert markers_in(ws, State.CLAIMED) == [f"t/one/{winner.marker.name}"]
+    assert ws.reader.read(winner.marker.ref)["by"] == "winner"
+
+
+def test_two_workspaces_racing_for_one_marker_produce_one_winner(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = transition(ws, _submitted(ws, submitter), State.READY, {}, actor="a")
+    other = Workspace.open(ws.root)  # another process's view: its own journal writer
+    won = transition(other, job, State.CLAIMED, {}, actor="other")
+    with pytest.raises(TransitionConflict):
+        transition(ws, job, State.CLAIMED, {}, actor="me")
+    assert ws.writer.writer_id != other.writer.writer_id
+    assert locate_key(ws, job.placement, job.key) == won
+    other.close()
+
+
+class _LyingRename(fsio.FileSystem):
+    """An NFS retransmit: the rename happened, but the client was told it failed."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def rename(self, src: str, dst: str) -> None:
+        self.calls += 1
+        os.rename(src, dst)
+        raise OSError(errno.ENOENT, "No such file or directory (retransmitted)")
+
+
+class _FailingRename(fsio.FileSystem):
+    def rename(self, src: str, dst: str) -> None:
+        raise OSError(errno.EACCES, "Permission denied")
+
+
+def test_a_rename_that_reports_an_error_although_it_happened_is_resolved_as_won(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = _submitted(ws, submitter)
+    lying = _LyingRename()
+    fsio.set_filesystem(lying)
+    ready = transition(ws, job, State.READY, {}, actor="a")
+    assert lying.calls == 1
+    assert os.path.isfile(ready.path(ws))
+    assert not os.path.exists(job.path(ws))
+    assert locate_key(ws, job.placement, job.key) == ready
+
+
+def test_a_rename_that_failed_with_the_source_still_present_is_reported_not_guessed(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = _submitted(ws, submitter)
+    fsio.set_filesystem(_FailingRename())
+    with pytest.raises(FlowError) as info:
+        transition(ws, job, State.READY, {}, actor="a")
+    assert not isinstance(info.value, TransitionConflict)
+    assert "Permission denied" in str(info.value)
+    assert os.path.isfile(job.path(ws))
+
+
+def test_a_marker_that_vanished_without_a_successor_stops_the_actor(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = _submitted(ws, submitter)
+    os.unlink(job.path(ws))
+    with pytest.raises(FlowError) as info:
+        transition(ws, job, State.READY, {}, actor="a")
+    assert not isinstance(info.value, TransitionConflict)
+    assert "flow fsck" in str(info.value)
+
+
+def test_a_target_directory_removed_under_a_cached_workspace_is_recreated(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    a = transition(ws, _submitted(ws, submitter, "gc/here"), State.READY, {}, actor="a")
+    b = transition(ws, _submitted(ws, submitter, "gc/here"), State.READY, {}, actor="a")
+    a = transition(ws, a, State.CLAIMED, {}, actor="a")
+    a = transition(ws, a, State.READY, {}, actor="a")
+    # the claimed/gc/here directory is now empty and known to this process; collect it
+    os.rmdir(ws.state_dir(State.CLAIMED, "gc/here"))
+    b = transition(ws, b, State.CLAIMED, {}, actor="a")
+    assert os.path.isfile(b.path(ws))
+
+
+def test_locate_key_finds_the_marker_in_any_state_and_ignores_similar_names(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    job = _submitted(ws, submitter)
+    assert locate_key(ws, job.placement, job.key) == job
+    assert locate_key(ws, job.placement, "0" * 32) is None
+    assert locate_key(ws, "t/elsewhere", job.key) is None
+    # stray files that start like the key are not mistaken for its marker
+    stray = ws.state_dir(State.READY, job.placement)
+    os.makedirs(stray)
+    for name in (job.key + ".junk", job.key + ".p500.g1.not-a-ref"):
+        with open(os.path.join(stray, name), "w"):
+            pass
+    assert locate_key(ws, job.placement, job.key) == job
