@@ -131,9 +131,12 @@ def _scandir(path: str) -> Iterator[os.DirEntry[str]] | None:
 
 def walk_all(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> Iterator[JobHandle]:
     """Every marker of a kind, streamed in bounded slices (for read-side commands)."""
-    stream = MarkerStream(ws, state, prefixes)
-    try:
-        while stream.cycles < 1:
-            yield from stream.next_batch(4096)
-    finally:
-        stream.close()
+    # one stream per prefix: a shared stream restarts a short prefix while a long one
+    # is still walking, and would yield the short one's markers again
+    for prefix in prefixes or ("",):
+        stream = MarkerStream(ws, state, (prefix,))
+        try:
+            while stream.cycles < 1:
+                yield from stream.next_batch(4096)
+        finally:
+            stream.close()

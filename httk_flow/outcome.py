@@ -89,6 +89,10 @@ def read_outcome(attempt_dir: str) -> Outcome | None:
         raise InvalidOutcome("outcome.ready has no outcome.json", obj=d) from None
     except (OSError, UnsafePath) as e:
         raise InvalidOutcome(f"cannot read it ({e})", obj=where) from None
+    dup = os.path.join(d, "duplicate")
+    if os.path.lexists(dup):
+        # the runner tried to publish a second outcome: neither can be trusted
+        raise InvalidOutcome("the attempt published more than one outcome", obj=d)
     out = parse_outcome(raw, where)
     if out.action is Action.WAIT:
         out = _with_children(out, os.path.join(d, "children.jsonl"))

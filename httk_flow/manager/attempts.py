@@ -89,6 +89,11 @@ def prepare(
     }
     if extra_context:
         context.update(extra_context)
+    kids = context.get("children")
+    if isinstance(kids, list):
+        # flow_children reads this plain file: bash needs no JSON parser
+        lines = "".join(f"{c['label']} {c['id']} {c['state']} {c['path']}\n" for c in kids)
+        write_file(os.path.join(adir, "children"), lines.encode(), durable=False)
     ctx_path = os.path.join(adir, "context.json")
     write_file(ctx_path, orjson.dumps(context), durable=ws.policy.durable)
     if spec.program.digest:

@@ -21,6 +21,7 @@ from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.log import ManagerLog
 from httk_flow.outcome import ChildDef, read_outcome
 from httk_flow.states import State
+from httk_flow.steering import clear_pause
 from httk_flow.submit import SubmitRequest, Submitter
 from httk_flow.transition import JobHandle, carry, transition
 from httk_flow.workspace import Workspace
@@ -35,6 +36,8 @@ class Committer:
         self.log = log
         self.clock = clock
         self._submitter = Submitter(ws, actor=actor)
+        #: job ids an operator asked to pause at the end of their current attempt
+        self.pause_requests: set[str] = set()
 
     def ending_from_dir(
         self, attempt_dir: str, exit_code: int | None, sig: int | None, *, interrupted: bool = False
@@ -68,6 +71,14 @@ class Committer:
         self.log.transition(job.key, job.state.value, "committing", decision.why)
         crash_point("commit.after_committing")
         return self.finish(committing, spec, body, decision)
+
+    def _paused(self, spec: JobSpec, decision: Decision) -> Decision:
+        """An operator's pause turns a return to ready into paused; the request is done."""
+        clear_pause(self.ws, spec.id)
+        self.pause_requests.discard(spec.id)
+        if decision.target is not State.READY:
+            return decision
+        return Decision(State.PAUSED, "paused by request", {**decision.body, "last": "paused"})
 
     def resume(self, job: JobHandle, frame: Frame) -> JobHandle:
         """Take over a committing marker whose owner is gone, then finish its commit."""

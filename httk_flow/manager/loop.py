@@ -25,6 +25,7 @@ from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.passes import ClaimPass, JoinPass, PassContext, RecoveryPass, RegisterPass
 from httk_flow.names import to36
 from httk_flow.states import State
+from httk_flow.steering import pending_pauses
 from httk_flow.workspace import Workspace
 
 #: a second SIGTERM this soon after the first is the batch system repeating itself
@@ -119,6 +120,7 @@ class Manager:
     def tick(self) -> TickResult:
         budget = self.config.scan_budget
         self.heartbeat()
+        self.committer.pause_requests = pending_pauses(self.ws)
         actions = self.register.run(budget)
         actions += self.recovery.run(budget)
         finished = self._reap()

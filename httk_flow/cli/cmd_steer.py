@@ -1,0 +1,176 @@
+"""`flow cancel`, `flow pause`, `flow resume`, `flow priority`, `flow wait`, `flow logs`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import click
+
+from httk_flow import jobs, steering
+from httk_flow.cli.app import App
+from httk_flow.errors import FlowError, UsageError
+from httk_flow.logs import read_log
+from httk_flow.states import State
+from httk_flow.transition import JobHandle
+from httk_flow.waiting import wait_jobs
+from httk_flow.workspace import Workspace
+
+STATE_NAMES = [s.value for s in State]
+
+
+def _select(
+    app: App, idents: tuple[str, ...], states: tuple[str, ...], all_: bool, verb: str, yes: bool
+) -> list[JobHandle]:
+    ws = app.ws
+    if idents and (states or all_):
+        raise UsageError("name jobs, or use --state/--all, not both", obj=f"flow {verb}")
+    if idents:
+        return [jobs.find(ws, i) for i in idents]
+    if not states and not all_:
+        raise UsageError("name at least one JOB (or --state KIND / --all)", obj=f"flow {verb}")
+    sel = tuple(State(s) for s in states) if states else tuple(State)
+    found = list(jobs.all_jobs(ws, sel))
+    if found and app.is_terminal and not yes:
+        click.confirm(f"{verb} {len(found)} job(s)?", abort=True, err=True)
+    return found
+
+
+def _apply(
+    app: App, handles: list[JobHandle], fn: Callable[[Workspace, JobHandle], steering.SteerResult]
+) -> None:
+    ws = app.ws
+    problems = 0
+    for h in handles:
+        try:
+            r = fn(ws, h)
+        except FlowError as e:
+            problems += 1
+            click.echo(f"flow: error: {e.render()}", err=True)
+            continue
+        note = f" ({r.note})" if r.note else ""
+        app.echo(f"{r.key}: {r.before.value} -> {r.after.value}{note}")
+    if problems:
+        raise SystemExit(1)
+
+
+def register(cli: click.Group) -> None:
+    from httk_flow.cli.options import workspace_option
+
+    @cli.command("cancel")
+    @click.argument("idents", nargs=-1, metavar="[JOB]...")
+    @click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+    @click.option("--all", "all_", is_flag=True, help="Every job.")
+    @click.option("--reason", default="", help="Recorded in the job's history.")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+    @workspace_option
+    @click.pass_obj
+    def cancel(
+        app: App,
+        /,
+        idents: tuple[str, ...],
+        states: tuple[str, ...],
+        all_: bool,
+        reason: str,
+        yes: bool,
+    ) -> None:
+        """Cancel jobs; a running job is fenced and its process group stopped."""
+        handles = _select(app, idents, states, all_, "cancel", yes)
+        _apply(app, handles, lambda ws, h: steering.cancel(ws, h, reason))
+
+    @cli.command("pause")
+    @click.argument("idents", nargs=-1, required=True, metavar="JOB...")
+    @workspace_option
+    @click.pass_obj
+    def pause(app: App, /, idents: tuple[str, ...]) -> None:
+        """Pause jobs (a running job pauses when its attempt ends)."""
+        _apply(app, [jobs.find(app.ws, i) for i in idents], steering.pause)
+
+    @cli.command("resume")
+    @click.argument("idents", nargs=-1, required=True, metavar="JOB...")
+    @click.option("--step", default=None, help="Continue at this step.")
+    @workspace_option
+    @click.pass_obj
+    def resume(app: App, /, idents: tuple[str, ...], step: str | None) -> None:
+        """Continue paused or failed jobs."""
+        _apply(
+            app, [jobs.find(app.ws, i) for i in idents], lambda ws, h: steering.resume(ws, h, step)
+        )
+
+    @cli.command("priority")
+    @click.argument("args", nargs=-1, required=True, metavar="JOB... N")
+    @workspace_option
+    @click.pass_obj
+    def priority(app: App, /, args: tuple[str, ...]) -> None:
+        """Change the priority of jobs (0-999, higher first)."""
+        if len(args) < 2 or not args[-1].isdigit():
+            raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
+        n = int(args[-1])
+        _apply(
+            app,
+            [jobs.find(app.ws, i) for i in args[:-1]],
+            lambda ws, h: steering.set_priority(ws, h, n),
+        )
+
+    @cli.command("wait")
+    @click.argument("idents", nargs=-1, metavar="[JOB]...")
+    @click.option("--timeout", type=float, default=None, help="Give up after SECONDS (exit 3).")
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+    @workspace_option
+    @click.pass_obj
+    def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
+        """Block until jobs are terminal: exit 0 all succeeded, 1 some did not, 3 timeout."""
+        ws = app.ws
+        handles = [jobs.find(ws, i) for i in idents] if idents else None
+        if app.is_terminal and not as_json:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            with Progress(
+                TextColumn("waiting"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=app.console(stderr=True),
+                transient=True,
+            ) as bar:
+                task = bar.add_task("wait", total=None)
+                r = wait_jobs(
+                    ws,
+                    handles,
+                    timeout=timeout,
+                    progress=lambda d, t: bar.update(task, completed=d, total=t),
+                )
+        else:
+            r = wait_jobs(ws, handles, timeout=timeout)
+        if as_json:
+            app.json(
+                {
+                    "total": r.total,
+                    "done": r.done,
+                    "succeeded": r.succeeded,
+                    "failed": r.failed,
+                    "cancelled": r.cancelled,
+                    "timed_out": r.timed_out,
+                }
+            )
+        else:
+            app.echo(
+                f"{r.done}/{r.total} done: {r.succeeded} succeeded, {r.failed} failed, "
+                f"{r.cancelled} cancelled" + (" (timed out)" if r.timed_out else "")
+            )
+        raise SystemExit(r.exit_code)
+
+    @cli.command("logs")
+    @click.argument("ident", metavar="JOB")
+    @click.option("--stderr", is_flag=True, help="Show stderr instead of stdout.")
+    @click.option("--attempt", type=int, default=None, help="Attempt number (default: last).")
+    @click.option("--follow", "-f", is_flag=True, help="Keep printing until the attempt ends.")
+    @workspace_option
+    @click.pass_obj
+    def logs(app: App, /, ident: str, stderr: bool, attempt: int | None, follow: bool) -> None:
+        """Print an attempt's output."""
+        ws = app.ws
+        for chunk in read_log(
+            ws, jobs.find(ws, ident), stderr=stderr, attempt=attempt, follow=follow
+        ):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()

@@ -1,0 +1,181 @@
+"""Operator steering: cancel, pause, resume and priority, done by one rename where possible.
+
+A job with no live attempt is steered directly by whoever asks (the CLI included). A
+running job is fenced by renaming it to cancelling; its owner stops the process group
+and records the verified exit. A pause of a running job waits for the attempt to end.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from httk_flow import names
+from httk_flow.errors import FlowError, TransitionConflict, UsageError
+from httk_flow.fsio import atomic_write, fs
+from httk_flow.states import State
+from httk_flow.transition import JobHandle, carry, locate_key, transition
+from httk_flow.workspace import Workspace
+
+#: a pause request for a running job lives here until the attempt ends
+PAUSE_DIR = "pause"
+
+
+@dataclass(frozen=True)
+class SteerResult:
+    key: str
+    before: State
+    after: State
+    note: str = ""
+
+
+def _actor() -> str:
+    return f"cli-{os.getpid()}"
+
+
+def _retry_locate(ws: Workspace, job: JobHandle) -> JobHandle:
+    now = locate_key(ws, job.placement, job.key)
+    if now is None:
+        raise FlowError("has no marker any more", obj=f"job {job.key}", hint="run `flow fsck`")
+    return now
+
+
+def cancel(ws: Workspace, job: JobHandle, reason: str = "") -> SteerResult:
+    """Cancel a job: one rename if nothing runs, else fence it for its owner to stop."""
+    for _ in range(5):
+        st = job.state
+        if st in (State.SUCCEEDED, State.CANCELLED, State.CANCELLING):
+            return SteerResult(job.key, st, st, f"already {st.value}")
+        frame = ws.reader.read(job.marker.ref)
+        try:
+            if st is State.RUNNING:
+                body = carry(
+                    frame, attempt=frame.get("attempt"), why="cancel requested", reason=reason
+                )
+                new = transition(ws, job, State.CANCELLING, body, actor=_actor())
+                return SteerResult(job.key, st, new.state, "its manager stops the process group")
+            if st is State.COMMITTING:
+                time.sleep(0.2)  # a commit takes milliseconds; look again
+                job = _retry_locate(ws, job)
+                continue
+            body = carry(frame, why="cancelled", reason=reason)
+            new = transition(ws, job, State.CANCELLED, body, actor=_actor())
+            return SteerResult(job.key, st, new.state)
+        except TransitionConflict:
+            job = _retry_locate(ws, job)
+    raise FlowError(
+        "kept changing state while being cancelled",
+        obj=f"job {job.key}",
+        hint="run the command again",
+    )
+
+
+def pause(ws: Workspace, job: JobHandle) -> SteerResult:
+    for _ in range(5):
+        st = job.state
+        frame = ws.reader.read(job.marker.ref)
+        try:
+            if st in (State.READY, State.WAITING):
+                new = transition(
+                    ws,
+                    job,
+                    State.PAUSED,
+                    carry(frame, join=frame.get("join"), why="paused"),
+                    actor=_actor(),
+                )
+                return SteerResult(job.key, st, new.state)
+            if st in (State.CLAIMED, State.RUNNING, State.COMMITTING):
+                request_pause(ws, job.job_id)
+                return SteerResult(job.key, st, st, "pauses when its current attempt ends")
+            if st is State.SUBMITTED:
+                raise UsageError(
+                    "is not registered yet",
+                    obj=f"job {job.key}",
+                    hint="start a manager, or pause it once it is ready",
+                )
+            return SteerResult(job.key, st, st, f"cannot pause a {st.value} job")
+        except TransitionConflict:
+            job = _retry_locate(ws, job)
+    raise FlowError("kept changing state while being paused", obj=f"job {job.key}")
+
+
+def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResult:
+    """Continue a paused or failed job (optionally at another step) as a new activation."""
+    st = job.state
+    if st not in (State.PAUSED, State.FAILED):
+        raise UsageError(
+            f"is {st.value}; only paused or failed jobs can be resumed", obj=f"job {job.key}"
+        )
+    if step is not None:
+        names.check_ident(step, "step name")
+    frame = ws.reader.read(job.marker.ref)
+    join = frame.get("join")
+    if st is State.PAUSED and isinstance(join, dict) and step is None:
+        # a paused join goes back to waiting for its children
+        body = carry(frame, join=join, why="resumed")
+        try:
+            new = transition(ws, job, State.WAITING, body, actor=_actor())
+        except FlowError:
+            raise
+        return SteerResult(job.key, st, new.state)
+    body = carry(frame, why="resumed", last="resumed")
+    body["try"] = 0
+    if step is not None or st is State.FAILED:
+        body["act"] = int(frame.get("act", 1)) + 1
+    if step is not None:
+        body["step"] = step
+    new = transition(ws, job, State.READY, body, actor=_actor())
+    clear_pause(ws, job.job_id)
+    return SteerResult(job.key, st, new.state)
+
+
+def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:
+    names.check_priority(priority)
+    st = job.state
+    if st not in (State.READY, State.WAITING, State.PAUSED):
+        raise UsageError(
+            f"is {st.value}; priority can change while a job is ready, waiting or paused",
+            obj=f"job {job.key}",
+        )
+    frame = ws.reader.read(job.marker.ref)
+    body = carry(frame, join=frame.get("join"), why=f"priority {priority}")
+    new = transition(
+        ws, job, st, body, actor=_actor(), priority=priority, not_before=job.marker.not_before
+    )
+    return SteerResult(job.key, st, new.state, f"priority {priority}")
+
+
+def _pause_path(ws: Workspace, job_id: str) -> str:
+    return os.path.join(ws.requests, PAUSE_DIR, job_id)
+
+
+def request_pause(ws: Workspace, job_id: str) -> None:
+    d = os.path.join(ws.requests, PAUSE_DIR)
+    ws.ensure_dir(d)
+    data = orjson.dumps(
+        {"op": "pause", "job": job_id, "t": time.time(), "nonce": secrets.token_hex(4)}
+    )
+    atomic_write(_pause_path(ws, job_id), data, durable=ws.policy.durable)
+
+
+def pending_pauses(ws: Workspace) -> set[str]:
+    """Job ids with a pause request (one directory listing)."""
+    try:
+        return {
+            e.name
+            for e in fs.scandir(os.path.join(ws.requests, PAUSE_DIR))
+            if names.ID_RE.fullmatch(e.name)
+        }
+    except FileNotFoundError:
+        return set()
+
+
+def clear_pause(ws: Workspace, job_id: str) -> None:
+    try:
+        os.unlink(_pause_path(ws, job_id))
+    except FileNotFoundError:
+        pass
