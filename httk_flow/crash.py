@@ -28,7 +28,6 @@ POINTS = (
     "join.after_release",
     "cancel.after_fence",
     "cancel.after_signal",
-    "request.after_take",
 )
 
 

@@ -105,7 +105,13 @@ class MarkerStream:
             except OSError:
                 continue
             if is_dir:
-                sub = _scandir(entry.path)
+                try:
+                    sub = _scandir(entry.path)
+                except OSError as e:
+                    # a directory we may not read (another user's) must not stop the walk
+                    if self._on_bad is not None:
+                        self._on_bad(entry.path, f"cannot be listed ({e.strerror})")
+                    continue
                 if sub is not None:
                     walk.stack.append((f"{placement}/{name}" if placement else name, sub))
                 continue

@@ -108,7 +108,8 @@ def _matches(ws: Workspace, ident: str) -> Iterator[JobHandle]:
             yield from found
             return
     if len(ident) >= 8 and all(c in "0123456789abcdef" for c in ident):
-        yield from (h for h in all_jobs(ws) if h.job_id.startswith(ident))
+        # a tag may be all hex digits too (a date such as 20240611)
+        yield from (h for h in all_jobs(ws) if h.job_id.startswith(ident) or h.marker.tag == ident)
     elif m:
         yield from (h for h in all_jobs(ws) if h.key == ident or h.job_id == ident)
     elif names.TAG_RE.fullmatch(ident):

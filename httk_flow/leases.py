@@ -16,6 +16,7 @@ import orjson
 
 from httk_flow.errors import FlowError
 from httk_flow.fsio import atomic_write, fs
+from httk_flow.procs import process_alive
 from httk_flow.workspace import Workspace
 
 #: a heartbeat file larger than this is not ours
@@ -150,21 +151,11 @@ def read_managers(ws: Workspace, *, now: float | None = None) -> list[Liveness]:
         stopped = os.path.lexists(os.path.join(e.path, "stopped"))
         age = max(0.0, now - mtime)
         alive = not stopped and age <= info.lease
-        if alive and info.host == ws.host and not _pid_alive(info.pid, info.start_time):
+        if alive and info.host == ws.host and not process_alive(info.pid, info.start_time):
             alive = False  # on this host we can see the process is gone: better evidence
         out.append(Liveness(info, age, alive=alive, stopped=stopped))
     out.sort(key=lambda lv: (not lv.alive, lv.info.started))
     return out
-
-
-def _pid_alive(pid: int, start_time: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return False
-    fields = data[data.rfind(b")") + 2 :].split()
-    return not start_time or (len(fields) > 19 and fields[19] == str(start_time).encode())
 
 
 def silent_for_takeover(lv: Liveness, factor: float) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from httk_flow import names
+from httk_flow.crash import crash_point
 from httk_flow.errors import FlowError, TransitionConflict, UsageError
 from httk_flow.fsio import atomic_write, fs
 from httk_flow.states import State
@@ -57,6 +58,7 @@ def cancel(ws: Workspace, job: JobHandle, reason: str = "") -> SteerResult:
                     frame, attempt=frame.get("attempt"), why="cancel requested", reason=reason
                 )
                 new = transition(ws, job, State.CANCELLING, body, actor=_actor())
+                crash_point("cancel.after_fence")
                 return SteerResult(job.key, st, new.state, "its manager stops the process group")
             if st is State.COMMITTING:
                 time.sleep(0.2)  # a commit takes milliseconds; look again

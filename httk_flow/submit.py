@@ -91,9 +91,21 @@ class Submitter:
             raise UsageError("retries must be >= 0 and max attempts >= 1", obj="--retries")
         if req.time is not None and not 0 < req.time < math.inf:
             raise UsageError("must be a positive number of seconds", obj="--time")
+        seen: set[str] = set()
         for p in req.inputs:
             if not os.path.exists(p):
                 raise UsageError("does not exist", obj=f"input {p!r}")
+            # every input lands in files/<its name>: two of one name would overwrite each other
+            base = os.path.basename(os.path.normpath(p))
+            if base in seen or base in ("", ".", ".."):
+                raise UsageError(
+                    f"would be copied to files/{base}, which another input already takes"
+                    if base in seen
+                    else "has no file name to copy it under",
+                    obj=f"input {p!r}",
+                    hint="rename it or put the inputs in one directory",
+                )
+            seen.add(base)
         try:
             params = check_params(req.params)
         except Exception as e:  # _Bad carries the sentence

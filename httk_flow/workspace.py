@@ -100,7 +100,7 @@ class WorkspaceFormat:
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise WorkspaceError("is not an httk-flow workspace format file", obj=where)
         version = data.get("version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version != FORMAT_VERSION:
             raise WorkspaceError(
                 f"has format version {version!r}; this httk_flow reads version {FORMAT_VERSION}",
                 obj=where,

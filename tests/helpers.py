@@ -52,7 +52,7 @@ def plant_marker(
 def markers_in(ws: Workspace, state: State) -> list[str]:
     """Relative paths of every file under one state kind (a plain os.walk, for assertions)."""
     root = ws.state_dir(state)
-    out = []
+    out: list[str] = []
     for d, _, files in os.walk(root):
         out.extend(os.path.relpath(os.path.join(d, f), root) for f in files)
     return out

@@ -196,9 +196,12 @@ def test_a_valid_job_json_with_one_member_replaced_by_garbage_only_raises_flow_e
 
 
 @settings(max_examples=60)
-@given(specs(), st.sampled_from(["program", "parent"]), st.sampled_from(
-    ["id", "key", "placement", "activation", "label", "digest", "command", "name"]
-), json_values)
+@given(
+    specs(),
+    st.sampled_from(["program", "parent"]),
+    st.sampled_from(["id", "key", "placement", "activation", "label", "digest", "command", "name"]),
+    json_values,
+)
 def test_garbage_inside_nested_members_only_raises_flow_errors(
     spec: JobSpec, member: str, inner: str, value: object
 ) -> None:

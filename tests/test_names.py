@@ -34,6 +34,7 @@ markers = st.builds(
     generation=b36_ints,
     ref=refs,
     not_before=st.just(0) | st.integers(min_value=1, max_value=B36_MAX),
+    service=st.just("") | st.from_regex(r"[0-9a-z]{1,16}", fullmatch=True),
 )
 components = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,30}", fullmatch=True)
 placements = st.lists(components, min_size=1, max_size=MAX_PLACEMENT_DEPTH).map("/".join)
@@ -85,6 +86,7 @@ def test_a_successor_is_one_generation_on_and_keeps_key_and_priority(
         ref,
     )
     assert nxt.not_before == 0
+    assert nxt.service == marker.service
     assert marker.successor(ref, priority=7, not_before=99).priority == 7
 
 
@@ -196,8 +198,25 @@ def test_placements_that_could_escape_or_hide_are_refused(placement: str) -> Non
 
 @pytest.mark.parametrize(
     "placement",
-    ["", "/", "..", "../x", "a/../b", "/abs", "a/./b", ".flow", ".flow/state", "a/.flow", "a//b",
-     "-dash", "sp ace", "a\\b", "a\0b", "a\nb", "é"],
+    [
+        "",
+        "/",
+        "..",
+        "../x",
+        "a/../b",
+        "/abs",
+        "a/./b",
+        ".flow",
+        ".flow/state",
+        "a/.flow",
+        "a//b",
+        "-dash",
+        "sp ace",
+        "a\\b",
+        "a\0b",
+        "a\nb",
+        "é",
+    ],
 )
 def test_named_hostile_placements_are_refused(placement: str) -> None:
     with pytest.raises(InvalidName):

@@ -184,9 +184,13 @@ def test_a_bad_request_is_refused_with_a_usage_error_before_anything_is_written(
 
 
 def test_bad_tags_placements_and_priorities_are_invalid_names(submitter: Submitter) -> None:
-    for changes in ({"tag": "a b"}, {"placement": ".."}, {"priority": 5000}):
+    for req in (
+        SubmitRequest(program="true", tag="a b"),
+        SubmitRequest(program="true", placement=".."),
+        SubmitRequest(program="true", priority=5000),
+    ):
         with pytest.raises(InvalidName):
-            submitter.build(SubmitRequest(program="true", **changes))  # type: ignore[arg-type]
+            submitter.build(req)
 
 
 @pytest.mark.parametrize(
@@ -347,3 +351,35 @@ def test_the_journal_frame_of_each_job_reads_back_after_reopening(
         assert (frame["job"], frame["step"], frame["act"]) == (spec.id, "prep", 1)
     raw = Path(ws.job_dir(specs[0].placement, specs[0].key), "job.json").read_bytes()
     assert orjson.loads(raw)["step"] == "prep"
+
+
+def test_two_inputs_with_the_same_file_name_are_refused_rather_than_overwritten(
+    ws: Workspace, submitter: Submitter, tmp_path: Path
+) -> None:
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "data.txt").write_text(d)
+    with pytest.raises(UsageError) as info:
+        list(
+            submitter.submit(
+                [
+                    SubmitRequest(
+                        program="true",
+                        inputs=[str(tmp_path / "a" / "data.txt"), str(tmp_path / "b" / "data.txt")],
+                    )
+                ]
+            )
+        )
+    assert "data.txt" in str(info.value)
+    assert markers_in(ws, State.SUBMITTED) == []
+    assert os.listdir(ws.tmp) == []
+
+
+@pytest.mark.parametrize("given", [".", "..", "/"])
+def test_an_input_without_a_file_name_is_refused(
+    submitter: Submitter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    with pytest.raises(UsageError):
+        submitter.build(SubmitRequest(program="true", inputs=[given]))

@@ -6,6 +6,7 @@ import errno
 import os
 
 import pytest
+from helpers import markers_in
 
 from httk_flow import fsio
 from httk_flow.errors import FlowError, IllegalTransition, TransitionConflict
@@ -14,8 +15,6 @@ from httk_flow.states import State
 from httk_flow.submit import SubmitRequest, Submitter
 from httk_flow.transition import JobHandle, carry, locate_key, transition
 from httk_flow.workspace import Workspace
-
-from helpers import markers_in
 
 
 def _submitted(ws: Workspace, submitter: Submitter, placement: str = "t/one") -> JobHandle:

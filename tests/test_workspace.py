@@ -36,8 +36,8 @@ def _rewrite_format(root: str | Path, **changes: object) -> None:
 
 def test_create_lays_out_every_state_directory_and_the_format_file(tmp_path: Path) -> None:
     ws = Workspace.create(str(tmp_path / "new"), durable=True, lease=12)
-    for st in State:
-        assert os.path.isdir(ws.state_dir(st))
+    for kind in State:
+        assert os.path.isdir(ws.state_dir(kind))
     for d in (ws.tmp, ws.programs, ws.managers, ws.requests, ws.journal_dir):
         assert os.path.isdir(d)
     assert ws.policy == Policy(lease=12.0, durable=True)

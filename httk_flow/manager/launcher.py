@@ -12,6 +12,17 @@ import os
 import subprocess
 from dataclasses import dataclass
 
+from httk_flow.procs import proc_start_time, process_alive
+
+__all__ = [
+    "LaunchedProcess",
+    "group_alive",
+    "launch",
+    "proc_start_time",
+    "process_alive",
+    "signal_group",
+]
+
 #: exit status of a launcher whose gate closed without being opened
 GATE_CLOSED = 125
 
@@ -95,29 +106,6 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
     except PermissionError:
         return True  # exists but not ours: never claim it is gone
-
-
-def proc_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    # the command name may hold spaces and parentheses: split after the last ')'
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def process_alive(pid: int, start_time: int | None) -> bool:
-    """True while the same process (not a reused pid) exists on this host."""
-    st = proc_start_time(pid)
-    if st is None:
-        return False
-    return start_time is None or start_time == 0 or st == start_time
 
 
 def group_alive(pgid: int) -> bool:

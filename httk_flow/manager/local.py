@@ -170,6 +170,7 @@ class LocalAttempts:
             la.term_at = self.clock()
             la.interrupted = interrupted
             la.proc.signal_group(signal.SIGTERM)
+            crash_point("cancel.after_signal")
         return True
 
     def stop_all(self, *, interrupted: bool) -> None:

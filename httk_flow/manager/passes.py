@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from httk_flow.children import child_states
+from httk_flow.crash import crash_point
 from httk_flow.discovery import MarkerStream
 from httk_flow.errors import FlowError, TransitionConflict
 from httk_flow.jobs import fail, load_spec, register
@@ -174,6 +175,7 @@ class ClaimPass:
         except FileNotFoundError:
             return None
         ctx.log.transition(h.key, "ready", "claimed")
+        crash_point("claim.after_claim")
         return Claimed(claimed, spec, body, frame)
 
     def release(self, c: Claimed) -> None:
@@ -234,6 +236,7 @@ class JoinPass:
             body.update(**{"try": 0}, why="joined", joined=summary, last="joined")
             transition(ctx.ws, h, State.READY, body, actor=ctx.actor)
             ctx.log.transition(h.key, "waiting", "ready", "joined")
+            crash_point("join.after_release")
             return 1
         if impossible:
             failed = ", ".join(f"{k.label} ({k.state.value if k.state else '?'})" for k in bad[:10])

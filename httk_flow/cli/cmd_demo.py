@@ -1,0 +1,62 @@
+"""`flow demo`: build an example campaign, run it with a live display, show the results."""
+
+from __future__ import annotations
+
+import click
+
+from httk_flow import demo
+from httk_flow.cli.app import App
+from httk_flow.states import State
+from httk_flow.status import StatusReport
+
+
+def _line(r: StatusReport, elapsed: float) -> str:
+    shown = [s for s in State if r.counts[s]]
+    parts = ", ".join(f"{r.counts[s]} {s.value}" for s in shown)
+    return f"{elapsed:5.1f}s  {r.total} jobs: {parts}"
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("demo")
+    @click.argument("path", default="flow-demo", type=click.Path(file_okay=False))
+    @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+    @click.pass_obj
+    def demo_cmd(app: App, /, path: str, workers: int) -> None:
+        """Build a workspace with an example campaign in PATH and run it."""
+        if app.is_terminal:
+            from rich.live import Live
+            from rich.table import Table
+
+            def table(r: StatusReport, elapsed: float) -> Table:
+                t = Table(title=f"flow demo: {r.workspace}  ({elapsed:.1f}s)", title_justify="left")
+                t.add_column("state")
+                t.add_column("jobs", justify="right")
+                for s in State:
+                    if r.counts[s] or s in (State.READY, State.RUNNING, State.SUCCEEDED):
+                        t.add_row(s.value, str(r.counts[s]))
+                return t
+
+            with Live(console=app.console(), refresh_per_second=8) as live:
+                res = demo.run(path, workers=workers, on_tick=lambda r, e: live.update(table(r, e)))
+        else:
+            last = [0.0]
+
+            def plain(r: StatusReport, elapsed: float) -> None:
+                if elapsed - last[0] >= 1.0 or r.counts[State.RUNNING] == 0:
+                    last[0] = elapsed
+                    app.echo(_line(r, elapsed))
+
+            res = demo.run(path, workers=workers, on_tick=plain)
+        r = res.report
+        app.echo(f"workspace: {res.workspace}")
+        app.echo(
+            f"{r.counts[State.SUCCEEDED]} of {r.total} jobs succeeded, "
+            f"{r.counts[State.FAILED]} failed"
+        )
+        app.echo(f"fan-out results (20 children, joined): {res.campaign_results}")
+        app.echo(f"three-step results: {len(res.relax_results)} files, e.g. {res.relax_results[0]}")
+        app.echo(
+            f"explore: flow -w {res.workspace} status | list | show campaign | history campaign"
+        )
+        if res.exit_code:
+            raise SystemExit(res.exit_code)
