@@ -67,7 +67,7 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
             obj=obj,
             hint=f"allowed: {' '.join(sorted(LINE_KEYS))}",
         )
-    req = dataclasses.replace(base, params=dict(base.params))
+    req = dataclasses.replace(base, params=dict(base.params), origin=obj)
     try:
         for k, v in data.items():
             if k == "time":

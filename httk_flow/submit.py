@@ -63,6 +63,8 @@ class SubmitRequest:
     array_index: int | None = None
     parent: ParentRef | None = None
     job_id: str | None = None
+    #: where the request came from (FILE:LINE), named in its errors
+    origin: str | None = None
 
 
 class Submitter:
@@ -76,6 +78,14 @@ class Submitter:
 
     def build(self, req: SubmitRequest) -> JobSpec:
         """Validate a request into a JobSpec (no file is written)."""
+        try:
+            return self._build(req)
+        except UsageError as e:
+            if req.origin is None:
+                raise
+            raise UsageError(e.render(), obj=req.origin, hint=None) from None
+
+    def _build(self, req: SubmitRequest) -> JobSpec:
         program = (
             req.program if isinstance(req.program, Program) else self.store.resolve(req.program)
         )
