@@ -7,6 +7,7 @@ stopped; a full cycle visits every placement. Nothing is listed whole or sorted.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -27,6 +28,9 @@ class _Walk:
     placement: str  # placement of `root`
     stack: list[tuple[str, Iterator[os.DirEntry[str]]]] = field(default_factory=list)
     finished: int = 0
+    started: float = 0.0  # when the current cycle began
+    found: int = 0  # markers found in the current cycle
+    rest_until: float = 0.0  # no new cycle before this (monotonic seconds)
 
     def close(self) -> None:
         for _, it in self.stack:
@@ -46,8 +50,16 @@ class MarkerStream:
         prefixes: tuple[str, ...] = (),
         *,
         on_bad: Callable[[str, str], None] | None = None,
+        rest: float = 0.0,
+        rest_always: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`rest`: seconds between the starts of two cycles when a cycle found nothing
+        (or always, with `rest_always`), so an idle kind costs nothing between cycles."""
         self.ws = ws
+        self._rest = rest
+        self._rest_always = rest_always
+        self._clock = clock
         self.state = state
         self._walks = [_Walk(ws.state_dir(state, p), p) for p in (prefixes or ("",))]
         self._turn = 0
@@ -85,10 +97,15 @@ class MarkerStream:
     ) -> tuple[int, bool]:
         """Advance one walk by up to `budget` entries; (entries visited, walk finished)."""
         if not walk.stack:
+            now = self._clock()
+            if now < walk.rest_until:
+                return 0, False
             it = _scandir(walk.root)
             if it is None:
+                walk.rest_until = now + self._rest
                 return 0, True
             walk.stack.append((walk.placement, it))
+            walk.started, walk.found = now, 0
         visited = 0
         while walk.stack and visited < budget:
             placement, it = walk.stack[-1]
@@ -121,6 +138,9 @@ class MarkerStream:
                     self._on_bad(entry.path, "is not a marker of the grammar (or not a file)")
                 continue
             out.append(JobHandle(self.state, placement, marker))
+            walk.found += 1
+        if not walk.stack and (self._rest_always or walk.found == 0):
+            walk.rest_until = walk.started + self._rest
         return visited, not walk.stack
 
     def close(self) -> None:

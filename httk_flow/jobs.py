@@ -43,8 +43,13 @@ def history(ws: Workspace, job: JobHandle) -> list[Frame]:
     return frames
 
 
-def register(ws: Workspace, job: JobHandle, *, actor: str) -> JobHandle:
-    """submitted -> ready after validating the definition; invalid -> failed(protocol_error)."""
+def register(
+    ws: Workspace, job: JobHandle, *, actor: str, specs: dict[str, JobSpec] | None = None
+) -> JobHandle:
+    """submitted -> ready after validating the definition; invalid -> failed(protocol_error).
+
+    A manager passes `specs` to keep the parsed definition for its claim a moment later.
+    """
     frame = current_frame(ws, job)
     try:
         spec = load_spec(ws, job.placement, job.key)
@@ -52,6 +57,8 @@ def register(ws: Workspace, job: JobHandle, *, actor: str) -> JobHandle:
             raise InvalidJob("names a program that is not in the program store", obj=job.key)
     except FlowError as e:
         return fail(ws, job, frame, "protocol_error", e.render(), actor=actor)
+    if specs is not None:
+        specs[job.key] = spec
     return transition(ws, job, State.READY, carry(frame), actor=actor)
 
 

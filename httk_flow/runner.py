@@ -14,9 +14,8 @@
 
     raise SystemExit(flow.run())
 
-The rules are those of shell/flow.sh: exactly one outcome per attempt, published by
-renaming outcome.tmp.<nonce>/ to outcome.ready/ in $FLOW_CONTROL_DIR; a step that raises,
-misuses the API or returns without an outcome ends the attempt as a fail naming why.
+The rules are those of shell/flow.sh (docs/bash-api.md): exactly one outcome per attempt;
+a step that raises, misuses the API or returns without an outcome ends as a fail.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import re
 import secrets
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -47,6 +46,7 @@ PROTOCOL_ERROR = "protocol_error"
 STEP_ERROR = "step_error"
 _NO_DEFAULT: Any = object()
 _CODE_RE = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
+_STATES = frozenset(s.value for s in State)
 
 
 class RunnerError(FlowError):
@@ -185,18 +185,17 @@ class Runner:
             self._misuse(e.render())
         except Exception as e:
             if not self.has_outcome():
-                self._publish(Action.FAIL, _describe(attempt.step, e), code=STEP_ERROR)
+                self._publish(_doc(Action.FAIL, _describe(attempt.step, e), code=STEP_ERROR))
             return 0
         if self.has_outcome():
             return 0
         if self._error is not None:
             return self._end_with_error()
-        self._publish(
-            Action.FAIL,
+        msg = (
             f"step {attempt.step}: returned without publishing an outcome; end each step with "
-            "succeed, fail, advance, wait, retry or pause",
-            code=PROTOCOL_ERROR,
+            "succeed, fail, advance, wait, retry or pause"
         )
+        self._publish(_doc(Action.FAIL, msg, code=PROTOCOL_ERROR))
         return 0
 
     # -- context ---------------------------------------------------------------------
@@ -206,10 +205,6 @@ class Runner:
         if self._attempt is None:
             self._attempt = Attempt.from_env(self._env)
         return self._attempt
-
-    @property
-    def step_name(self) -> str:
-        return self.attempt_info.step
 
     @property
     def workdir(self) -> str:
@@ -257,9 +252,6 @@ class Runner:
 
     def children(self) -> list[Child]:
         """After a join: every child of it, in the order they were spawned."""
-        return list(self._iter_children())
-
-    def _iter_children(self) -> Iterator[Child]:
         path = os.path.join(self.attempt_info.control_dir, "children")
         try:
             with open(path, encoding="utf-8") as fh:
@@ -268,43 +260,44 @@ class Runner:
             raise RunnerError(
                 "this attempt has no children file; it exists in the step that follows a wait"
             ) from None
+        kids = []
         for line in lines:
             parts = line.split(" ", 3)
             if len(parts) != 4:
                 raise RunnerError(f"bad line in the children file: {line!r}", obj=path)
             label, cid, state, where = parts
-            try:
-                st: State | None = State(state)
-            except ValueError:
-                st = None
-            yield Child(label, cid, st, where)
+            known = state in _STATES
+            kids.append(Child(label, cid, State(state) if known else None, where))
+        return kids
 
     def log(self, message: str) -> None:
         """A timestamped line on the attempt's stderr."""
         now = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
-        info = self._attempt
-        where = f"{info.step} {info.attempt_id}" if info else "? ?"
+        try:
+            where = f"{self.attempt_info.step} {self.attempt_info.attempt_id}"
+        except RunnerError:
+            where = "? ?"
         print(f"{now} flow[{where}]: {message}", file=sys.stderr, flush=True)
 
     # -- outcomes --------------------------------------------------------------------
 
     def succeed(self, message: str = "") -> None:
-        self._outcome(Action.SUCCEED, message)
+        self._outcome(_doc(Action.SUCCEED, message))
 
     def fail(self, message: str, code: str | None = None) -> None:
         if code is not None and not _CODE_RE.fullmatch(code):
             self._misuse(f"fail code {code!r} is not valid (1-64 letters, digits and '_.:+-')")
-        self._outcome(Action.FAIL, message, code=code or "")
+        self._outcome(_doc(Action.FAIL, message, code=code))
 
     def advance(self, step: str, message: str = "") -> None:
         self._check_step(step)
-        self._outcome(Action.ADVANCE, message, step=step)
+        self._outcome(_doc(Action.ADVANCE, message, step=step))
 
     def retry(self, reason: str) -> None:
-        self._outcome(Action.RETRY, reason)
+        self._outcome(_doc(Action.RETRY, reason))
 
     def pause(self, reason: str) -> None:
-        self._outcome(Action.PAUSE, reason)
+        self._outcome(_doc(Action.PAUSE, reason))
 
     def spawn(
         self,
@@ -348,7 +341,10 @@ class Runner:
                 "wait: no children were spawned; a join over nothing can never be decided "
                 "(call spawn before wait)"
             )
-        self._outcome(Action.WAIT, "", step=step, join=join, on_impossible=on_impossible)
+        doc = _doc(Action.WAIT, "", step=step, join=join.value)
+        if on_impossible is not None:
+            doc["on_impossible"] = on_impossible
+        self._outcome(doc)
 
     def has_outcome(self) -> bool:
         """Whether this attempt already published its outcome."""
@@ -417,60 +413,33 @@ class Runner:
         assert self._error is not None
         if not self.has_outcome():
             msg = f"step {self.attempt_info.step}: {self._error}"
-            self._publish(Action.FAIL, msg, code=PROTOCOL_ERROR)
+            self._publish(_doc(Action.FAIL, msg, code=PROTOCOL_ERROR))
         return 0
 
-    def _outcome(
-        self,
-        action: Action,
-        message: str,
-        *,
-        step: str | None = None,
-        code: str = "",
-        join: JoinMode = JoinMode.ALL_SUCCEEDED,
-        on_impossible: str | None = None,
-    ) -> None:
+    def _outcome(self, doc: dict[str, Any]) -> None:
         if self.has_outcome():
-            self._flag_duplicate(action)
+            self._flag_duplicate(doc["action"])
         if self._error is not None:
             self._end_with_error()
-            raise RunnerError(f"published a fail instead of {action.value}: {self._error}")
-        self._publish(action, message, step=step, code=code, join=join, on_impossible=on_impossible)
+            raise RunnerError(f"published a fail instead of {doc['action']}: {self._error}")
+        self._publish(doc)
 
-    def _flag_duplicate(self, action: Action) -> None:
+    def _flag_duplicate(self, action: str) -> None:
         ready = os.path.join(self.attempt_info.control_dir, OUTCOME_DIR)
         try:
             with open(os.path.join(ready, "duplicate"), "ab") as fh:
-                fh.write(action.value.encode() + b"\n")
+                fh.write(action.encode() + b"\n")
         except OSError:
             pass
         raise DuplicateOutcome(
-            f"this attempt already published an outcome; a second one ({action.value}) "
+            f"this attempt already published an outcome; a second one ({action}) "
             "makes the job fail with a protocol error"
         )
 
-    def _publish(
-        self,
-        action: Action,
-        message: str,
-        *,
-        step: str | None = None,
-        code: str = "",
-        join: JoinMode = JoinMode.ALL_SUCCEEDED,
-        on_impossible: str | None = None,
-    ) -> None:
+    def _publish(self, doc: dict[str, Any]) -> None:
         info = self.attempt_info
-        doc: dict[str, Any] = {"action": action.value, "message": message}
-        if step is not None:
-            doc["step"] = step
-        if code:
-            doc["code"] = code
         files = {"outcome.json": orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)}
-        if action is Action.WAIT:
-            doc["join"] = join.value
-            if on_impossible is not None:
-                doc["on_impossible"] = on_impossible
-            files["outcome.json"] = orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)
+        if doc["action"] == Action.WAIT.value:
             files["children.jsonl"] = b"".join(c + b"\n" for c in self._children)
         tmp = os.path.join(info.control_dir, f"outcome.tmp.{os.getpid()}.{secrets.token_hex(4)}")
         ready = os.path.join(info.control_dir, OUTCOME_DIR)
@@ -484,11 +453,16 @@ class Runner:
         except OSError as e:
             if os.path.isdir(ready):
                 self._published = True
-                self._flag_duplicate(action)
+                self._flag_duplicate(doc["action"])
             raise RunnerError(f"cannot publish the outcome ({e})", obj=ready) from e
         self._published = True
         if info.durable:
             fsync_dir(info.control_dir)
+
+
+def _doc(action: Action, message: str, **fields: str | None) -> dict[str, Any]:
+    """An outcome.json document; fields that are None or empty are left out."""
+    return {"action": action.value, "message": message, **{k: v for k, v in fields.items() if v}}
 
 
 def _write(path: str, data: bytes, *, durable: bool) -> None:
@@ -505,6 +479,11 @@ def _describe(step: str, e: BaseException) -> str:
     frames: Sequence[traceback.FrameSummary] = traceback.extract_tb(e.__traceback__)
     if frames:
         last = frames[-1]
-        where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+        # the program itself lies in the program store under a digest: its name says nothing
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main and os.path.abspath(main) == os.path.abspath(last.filename):
+            where = f" (at line {last.lineno} in {last.name})"
+        else:
+            where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
     text = str(e)
     return f"step {step}: {type(e).__name__}{': ' + text if text else ''}{where}"

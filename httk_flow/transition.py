@@ -93,14 +93,12 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
     """Rename old -> new, creating the target directory once, resolving any error."""
     src, dst = old.path(ws), new.path(ws)
     dst_dir = os.path.dirname(dst)
-    ws.ensure_dir(dst_dir)
     try:
         fs.rename(src, dst)
     except OSError as e:
         if e.errno == errno.ENOENT and not os.path.isdir(dst_dir):
-            # someone removed the directory (gc, an operator); make it and try once more
-            ws.forget_dir(dst_dir)
-            ws.ensure_dir(dst_dir)
+            # the first job of this placement in this state: make the directory, once
+            os.makedirs(dst_dir, exist_ok=True)
             try:
                 fs.rename(src, dst)
             except OSError as e2:

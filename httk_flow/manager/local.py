@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -35,10 +36,14 @@ class LocalAttempt:
 
 @dataclass(frozen=True)
 class Finished:
-    """An attempt that ended here, and the state its job reached."""
+    """An attempt that ended here, and where its job went (None: not committed by us)."""
 
-    key: str
-    state: State | None
+    spec: JobSpec
+    handle: JobHandle | None
+
+    @property
+    def state(self) -> State | None:
+        return self.handle.state if self.handle else None
 
 
 class LocalAttempts:
@@ -95,7 +100,7 @@ class LocalAttempts:
             running = transition(self.ws, claimed, State.RUNNING, body, actor=self.actor)
         except FlowError as e:
             proc.close_gate()  # the gate closes unopened: the program never runs
-            proc.popen.wait()
+            proc.wait()
             proc.close()
             self.log.problem(claimed.key, f"lost the job before launch: {e.render()}")
             return None
@@ -119,24 +124,24 @@ class LocalAttempts:
                 continue
             del self.by_key[key]
             la.proc.close()
-            done.append(Finished(key, self._settle(la, rc)))
+            done.append(Finished(la.spec, self._settle(la, rc)))
         return done
 
-    def _settle(self, la: LocalAttempt, rc: int) -> State | None:
+    def _settle(self, la: LocalAttempt, rc: int) -> JobHandle | None:
         code, sig = (rc, None) if rc >= 0 else (None, -rc)
         if la.term_at is not None:
             # a stopped attempt may leave group members behind: make sure none survive
             signal_group(la.proc.pid, signal.SIGKILL)
         ending = self.committer.ending_from_dir(la.plan.dir, code, sig, interrupted=la.interrupted)
         try:
-            return self.committer.commit(la.job, la.spec, la.frame, ending).state
+            return self.committer.commit(la.job, la.spec, la.frame, ending)
         except TransitionConflict:
             return self._fenced(la, code, sig)
         except FlowError as e:
             self.log.problem(la.job.key, f"commit failed: {e.render()}")
             return None
 
-    def _fenced(self, la: LocalAttempt, code: int | None, sig: int | None) -> State | None:
+    def _fenced(self, la: LocalAttempt, code: int | None, sig: int | None) -> JobHandle | None:
         """The marker moved under the attempt: finish a cancellation, else let it go."""
         now = locate_key(self.ws, la.job.placement, la.job.key)
         if now is None or now.state is not State.CANCELLING:
@@ -155,11 +160,20 @@ class LocalAttempts:
         }
         body = carry(frame, attempt=att, evidence=evidence, why="cancelled")
         try:
-            transition(self.ws, now, State.CANCELLED, body, actor=self.actor)
+            done = transition(self.ws, now, State.CANCELLED, body, actor=self.actor)
         except TransitionConflict:
             return None
         self.log.transition(now.key, "cancelling", "cancelled", "exit verified")
-        return State.CANCELLED
+        return done
+
+    def check_fenced(self) -> None:
+        """Stop attempts whose running marker was moved away (a cancel fenced them)."""
+        for key, la in list(self.by_key.items()):
+            if la.term_at is not None or os.path.lexists(la.job.path(self.ws)):
+                continue
+            now = locate_key(self.ws, la.job.placement, key)
+            if now is not None and now.state is State.CANCELLING:
+                self.stop(key, interrupted=False)
 
     def stop(self, key: str, *, interrupted: bool) -> bool:
         """TERM an attempt's process group (KILL follows after the grace in reap)."""

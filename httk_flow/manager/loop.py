@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import selectors
+import select
 import signal
 import time
 from collections.abc import Callable
@@ -68,9 +68,9 @@ class Manager:
         self.local = LocalAttempts(
             ws, self.id, self.log, self.committer, kill_grace=config.kill_grace, clock=clock
         )
-        self.register = RegisterPass(ctx)
         self.claim = ClaimPass(ctx, config.pools, config.capabilities, config.ends_at)
-        self.joins = JoinPass(ctx)
+        self.register = RegisterPass(ctx, on_ready=self.claim.offer)
+        self.joins = JoinPass(ctx, on_ready=self.claim.offer)
         self.recovery = RecoveryPass(
             ctx,
             self.oracle,
@@ -121,6 +121,7 @@ class Manager:
         budget = self.config.scan_budget
         self.heartbeat()
         self.committer.pause_requests = pending_pauses(self.ws)
+        self.local.check_fenced()
         actions = self.register.run(budget)
         actions += self.recovery.run(budget)
         finished = self._reap()
@@ -141,10 +142,17 @@ class Manager:
     def _reap(self) -> int:
         done = self.local.reap()
         for f in done:
-            if f.state is State.FAILED:
+            if f.handle is None:
+                continue
+            st = f.handle.state
+            if st is State.FAILED:
                 self.failed_jobs += 1
-            elif f.state is State.SUCCEEDED:
+            elif st is State.SUCCEEDED:
                 self.succeeded_jobs += 1
+            if st is State.READY:
+                self.claim.offer(f.handle)
+            elif st.is_terminal and f.spec.parent is not None:
+                self.joins.child_ended(f.spec.parent.placement, f.spec.parent.key)
         return len(done)
 
     def _join_context(self, frame: dict[str, object]) -> dict[str, object] | None:
@@ -205,11 +213,9 @@ class Manager:
 
     def run(self, install_signals: bool = True) -> int:
         """Serve until drained or idle; returns the exit status for `flow run`."""
-        sel = selectors.DefaultSelector()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
-        sel.register(wake_r, selectors.EVENT_READ)
         old: list[tuple[signal.Signals, object]] = []
         if install_signals:
             signal.set_wakeup_fd(wake_w)
@@ -220,7 +226,6 @@ class Manager:
             f"manager {self.id} serving {self.ws.root} with {self.config.workers} worker(s)"
         )
         idle_since: float | None = None
-        registered: set[int] = set()
         try:
             while not self._stop_now:
                 if (
@@ -243,19 +248,8 @@ class Manager:
                             break
                     else:
                         idle_since = None
-                fds = set(self.local.pidfds())
-                for fd in registered - fds:
-                    with contextlib.suppress(KeyError, ValueError, OSError):
-                        sel.unregister(fd)
-                for fd in fds - registered:
-                    with contextlib.suppress(KeyError, ValueError, OSError):
-                        sel.register(fd, selectors.EVENT_READ)
-                registered = fds
                 if result.actions == 0 or len(self.local) >= self.config.workers:
-                    for key, _ in sel.select(self.config.poll_interval):
-                        if key.fd == wake_r:
-                            with contextlib.suppress(OSError):
-                                os.read(wake_r, 512)
+                    self._sleep(wake_r)
         finally:
             if self._stop_now:
                 self.local.kill_all()
@@ -264,7 +258,6 @@ class Manager:
                 signal.set_wakeup_fd(-1)
                 for signum, handler in old:
                     signal.signal(signum, handler)  # type: ignore[arg-type]
-            sel.close()
             os.close(wake_r)
             os.close(wake_w)
             if not self.local:
@@ -275,6 +268,21 @@ class Manager:
                 f"{self.failed_jobs} failed"
             )
         return 1 if self.failed_jobs else 0
+
+    def _sleep(self, wake_fd: int) -> None:
+        """Until a child exits, a signal arrives, or the poll interval passes.
+
+        A fresh poll set each time: pidfd numbers are reused as attempts come and go, and
+        a registration that outlived its descriptor would silently never fire.
+        """
+        poller = select.poll()
+        poller.register(wake_fd, select.POLLIN)
+        for fd in self.local.pidfds():
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(self.config.poll_interval * 1000):
+            if fd == wake_fd:
+                with contextlib.suppress(OSError):
+                    os.read(wake_fd, 512)
 
     def _quiet(self, result: TickResult) -> bool:
         """Every discovery stream went round once with nothing done, and nobody else

@@ -28,6 +28,7 @@ class OwnerOracle:
         self.clock = clock
         self._at = -1e18
         self._by_id: dict[str, Liveness] = {}
+        self._cleared: set[str] = set()
 
     def managers(self) -> dict[str, Liveness]:
         if self.clock() - self._at >= self.refresh:
@@ -37,6 +38,18 @@ class OwnerOracle:
 
     def live(self) -> list[Liveness]:
         return [lv for lv in self.managers().values() if lv.alive]
+
+    def suspects(self) -> set[str]:
+        """Managers other than us that are not alive and not yet cleared of work."""
+        return {
+            mid
+            for mid, lv in self.managers().items()
+            if mid != self.self_id and not lv.alive and mid not in self._cleared
+        }
+
+    def clear(self, ids: set[str]) -> None:
+        """A sweep found no work of these managers: stop suspecting them."""
+        self._cleared |= ids
 
     def gone(self, owner: str | None) -> str | None:
         """Evidence that `owner` is gone ("process_gone", "stopped", "lease_expired"), or None."""

@@ -7,7 +7,9 @@ whatever the size of the workspace; a broken job is reported once and skipped.
 from __future__ import annotations
 
 import heapq
+import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,10 +24,24 @@ from httk_flow.manager.commit import Committer
 from httk_flow.manager.launcher import group_alive, process_alive, signal_group
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
+from httk_flow.names import Marker
 from httk_flow.services import ServiceRegistry
 from httk_flow.states import State
 from httk_flow.transition import JobHandle, carry, transition
 from httk_flow.workspace import Workspace
+
+
+class SpecCache(OrderedDict[str, JobSpec]):
+    """A bounded map of job key to parsed definition (oldest dropped first)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key: str, value: JobSpec) -> None:
+        super().__setitem__(key, value)
+        if len(self) > self.size:
+            self.popitem(last=False)
 
 
 @dataclass
@@ -39,6 +55,8 @@ class PassContext:
     heartbeat: Callable[[], None]
     clock: Callable[[], float] = time.time
     reported: set[tuple[str, str]] = field(default_factory=set)
+    #: definitions parsed at registration, kept for the claim that usually follows
+    specs: SpecCache = field(default_factory=lambda: SpecCache(4096))
 
     def report_once(self, key: str, message: str) -> None:
         if (key, message) not in self.reported:
@@ -47,30 +65,38 @@ class PassContext:
             self.reported.add((key, message))
             self.log.problem(key, message)
 
-    def stream(self, state: State) -> MarkerStream:
+    def stream(self, state: State, rest: float = 0.5, rest_always: bool = False) -> MarkerStream:
         return MarkerStream(
-            self.ws, state, self.placements, on_bad=lambda path, why: self.report_once(path, why)
+            self.ws,
+            state,
+            self.placements,
+            on_bad=lambda path, why: self.report_once(path, why),
+            rest=rest,
+            rest_always=rest_always,
         )
 
 
 class RegisterPass:
     """submitted -> ready (or failed with protocol_error)."""
 
-    def __init__(self, ctx: PassContext) -> None:
+    def __init__(self, ctx: PassContext, on_ready: Callable[[JobHandle], None]) -> None:
         self.ctx = ctx
         self.stream = ctx.stream(State.SUBMITTED)
+        self.on_ready = on_ready
 
     def run(self, budget: int) -> int:
         n = 0
         for h in self.stream.next_batch(budget, self.ctx.heartbeat):
             try:
-                new = register(self.ctx.ws, h, actor=self.ctx.actor)
+                new = register(self.ctx.ws, h, actor=self.ctx.actor, specs=self.ctx.specs)
             except TransitionConflict:
                 continue
             except FlowError as e:
                 self.ctx.report_once(h.key, e.render())
                 continue
             self.ctx.log.transition(h.key, "submitted", new.state.value)
+            if new.state is State.READY:
+                self.on_ready(new)
             n += 1
         return n
 
@@ -101,6 +127,8 @@ class ClaimPass:
         self.ends_at = ends_at
         self.registry = ServiceRegistry(ctx.ws)
         self._heap: list[_Candidate] = []
+        self._later: list[tuple[int, int, JobHandle]] = []  # in backoff, by not-before
+        self._queued: set[tuple[str, int]] = set()
         self._seq = 0
         self._too_long: dict[str, float] = {}
 
@@ -111,17 +139,34 @@ class ClaimPass:
             return False
         return sc.served_by(self.pools, self.caps)
 
+    def offer(self, h: JobHandle) -> None:
+        """A ready job: queued as a candidate (once per marker generation)."""
+        ident = (h.key, h.marker.generation)
+        if ident in self._queued or not self._serves(h):
+            return
+        self._queued.add(ident)
+        self._seq += 1
+        if h.marker.not_before > self.ctx.clock():
+            heapq.heappush(self._later, (h.marker.not_before, self._seq, h))
+        else:
+            heapq.heappush(self._heap, _Candidate((-h.marker.priority, self._seq), h))
+
     def refill(self, budget: int) -> None:
         for h in self.stream.next_batch(budget, self.ctx.heartbeat):
-            if not self._serves(h):
-                continue
-            self._seq += 1
-            heapq.heappush(self._heap, _Candidate((-h.marker.priority, self._seq), h))
+            self.offer(h)
+
+    def _pop(self) -> JobHandle:
+        h = heapq.heappop(self._heap).handle
+        self._queued.discard((h.key, h.marker.generation))
+        return h
 
     def take(self, n: int, budget: int) -> list[Claimed]:
         """Claim up to n jobs; scans at most a few budgets' worth of entries."""
         out: list[Claimed] = []
         now = self.ctx.clock()
+        while self._later and self._later[0][0] <= now:
+            _, seq, h = heapq.heappop(self._later)
+            heapq.heappush(self._heap, _Candidate((-h.marker.priority, seq), h))
         scans = 0
         while len(out) < n:
             if not self._heap:
@@ -129,15 +174,16 @@ class ClaimPass:
                     break
                 self.refill(budget)
                 scans += 1
-                if not self._heap:
-                    continue
-            cand = heapq.heappop(self._heap).handle
-            if cand.marker.not_before > now:
                 continue
-            got = self._claim(cand, now)
+            got = self._claim(self._pop(), now)
             if got is not None:
                 out.append(got)
         return out
+
+    @property
+    def backlog(self) -> int:
+        """Candidates known but not yet claimable (in backoff)."""
+        return len(self._later)
 
     def _claim(self, h: JobHandle, now: float) -> Claimed | None:
         ctx = self.ctx
@@ -145,7 +191,7 @@ class ClaimPass:
             return None
         try:
             frame = ctx.ws.reader.read(h.marker.ref)
-            spec = load_spec(ctx.ws, h.placement, h.key)
+            spec = ctx.specs.pop(h.key, None) or load_spec(ctx.ws, h.placement, h.key)
         except FileNotFoundError:
             return None  # claimed by someone else meanwhile, or gone
         except FlowError as e:
@@ -192,9 +238,22 @@ class ClaimPass:
 class JoinPass:
     """waiting -> ready at the next step once the join is decided (or failed if impossible)."""
 
-    def __init__(self, ctx: PassContext) -> None:
+    def __init__(self, ctx: PassContext, on_ready: Callable[[JobHandle], None]) -> None:
         self.ctx = ctx
-        self.stream = ctx.stream(State.WAITING)
+        self.stream = ctx.stream(State.WAITING, rest=1.0)
+        self.on_ready = on_ready
+
+    def child_ended(self, parent_placement: str, parent_key: str) -> None:
+        """A child of ours ended: look at its parent's join now rather than at the next scan."""
+        h = _waiting_marker(self.ctx.ws, parent_placement, parent_key)
+        if h is None:
+            return
+        try:
+            self._evaluate(h)
+        except TransitionConflict:
+            pass
+        except FlowError as e:
+            self.ctx.report_once(h.key, e.render())
 
     def run(self, budget: int) -> int:
         n = 0
@@ -234,7 +293,7 @@ class JoinPass:
             body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
             body.pop("try_", None)
             body.update(**{"try": 0}, why="joined", joined=summary, last="joined")
-            transition(ctx.ws, h, State.READY, body, actor=ctx.actor)
+            self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
             ctx.log.transition(h.key, "waiting", "ready", "joined")
             crash_point("join.after_release")
             return 1
@@ -243,7 +302,7 @@ class JoinPass:
             if join.get("on_impossible"):
                 body = carry(frame, step=join["on_impossible"], act=int(frame.get("act", 1)) + 1)
                 body.update(**{"try": 0}, why="join impossible", joined=summary, last="joined")
-                transition(ctx.ws, h, State.READY, body, actor=ctx.actor)
+                self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
                 ctx.log.transition(h.key, "waiting", "ready", "join impossible")
             else:
                 fail(
@@ -257,6 +316,23 @@ class JoinPass:
                 ctx.log.transition(h.key, "waiting", "failed", "dependency_failure")
             return 1
         return 0
+
+
+def _waiting_marker(ws: Workspace, placement: str, key: str) -> JobHandle | None:
+    try:
+        names = os.listdir(ws.state_dir(State.WAITING, placement))
+    except OSError:
+        return None
+    for n in names:
+        if n.startswith(key + "."):
+            m = Marker.parse_or_none(n)
+            if m is not None and m.key == key:
+                return JobHandle(State.WAITING, placement, m)
+    return None
+
+
+#: seconds between two sweeps for abandoned work when every known manager looks alive
+SWEEP_EVERY = 30.0
 
 
 class RecoveryPass:
@@ -277,11 +353,24 @@ class RecoveryPass:
         self.mine = mine
         self.on_cancel_mine = on_cancel_mine
         self.streams = {
-            st: ctx.stream(st)
+            st: ctx.stream(st, rest=1.0, rest_always=True)
             for st in (State.CANCELLING, State.COMMITTING, State.RUNNING, State.CLAIMED)
         }
+        self._sweep: set[str] | None = None  # suspects of the sweep under way
+        self._marks: tuple[int, ...] = ()
+        self._unsettled: set[str] = set()  # suspects still owning work in this sweep
+        self._next_sweep = 0.0
 
     def run(self, budget: int) -> int:
+        """Sweep the active kinds while some manager is not alive (and every
+        SWEEP_EVERY seconds anyway); a sweep that finds nothing of theirs clears them."""
+        now = time.monotonic()
+        if self._sweep is None:
+            suspects = self.oracle.suspects()
+            if not suspects and now < self._next_sweep:
+                return 0
+            self._sweep, self._unsettled = suspects, set()
+            self._marks = tuple(s.cycles for s in self.streams.values())
         n = 0
         share = max(1, budget // len(self.streams))
         for stream in self.streams.values():
@@ -292,6 +381,10 @@ class RecoveryPass:
                     continue
                 except FlowError as e:
                     self.ctx.report_once(h.key, e.render())
+        if all(s.cycles > m for s, m in zip(self.streams.values(), self._marks, strict=True)):
+            self.oracle.clear(self._sweep - self._unsettled)
+            self._sweep = None
+            self._next_sweep = now + SWEEP_EVERY
         return n
 
     def _one(self, h: JobHandle) -> int:
@@ -306,6 +399,8 @@ class RecoveryPass:
             return 0
         evidence = self.oracle.gone(owner if isinstance(owner, str) else None)
         if evidence is None:
+            if isinstance(owner, str):
+                self._unsettled.add(owner)
             return 0
         same_host = att.get("host") == ctx.ws.host
         pid = att.get("pid")
@@ -314,6 +409,7 @@ class RecoveryPass:
                 if process_alive(pid, att.get("start_time")) or group_alive(pid):
                     # an orphan of a dead manager: stop it, take over once it is gone
                     signal_group(pid, 9)
+                    self._unsettled.add(str(owner))
                     return 0
                 evidence = "process_gone"
             elif evidence != "stopped" and h.state is State.RUNNING:
@@ -325,6 +421,7 @@ class RecoveryPass:
                         "persistent workdir; not taken over on lease age alone "
                         "(see docs/operations.md)",
                     )
+                    self._unsettled.add(str(owner))
                     return 0
         proof = {"owner": owner, "evidence": evidence, "host": ctx.ws.host}
         if h.state is State.CLAIMED:
