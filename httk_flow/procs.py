@@ -2,25 +2,53 @@
 
 from __future__ import annotations
 
+import os
 
-def proc_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if it does not exist."""
+
+def _stat_fields(pid: int) -> list[bytes] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
     except OSError:
         return None
     # the command name may hold spaces and parentheses: split after the last ')'
-    fields = data[data.rfind(b")") + 2 :].split()
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if it does not exist."""
+    fields = _stat_fields(pid)
     try:
-        return int(fields[19])
+        return int(fields[19]) if fields else None
     except (IndexError, ValueError):
         return None
 
 
+def _exited(fields: list[bytes]) -> bool:
+    # a zombie (or dying) process has exited: only its parent has not collected it yet
+    return not fields or fields[0] in (b"Z", b"X", b"x")
+
+
 def process_alive(pid: int, start_time: int | None) -> bool:
     """True while the same process (not a reused pid) exists on this host."""
-    st = proc_start_time(pid)
-    if st is None:
+    fields = _stat_fields(pid)
+    if fields is None or _exited(fields):
+        return False
+    try:
+        st = int(fields[19])
+    except (IndexError, ValueError):
         return False
     return not start_time or st == start_time
+
+
+def group_members_alive(pgid: int) -> bool:
+    """Whether a process of the group that has not exited remains (zombies do not count)."""
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return True  # cannot tell: never claim it is gone
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields and len(fields) > 2 and fields[2] == str(pgid).encode() and not _exited(fields):
+            return True
+    return False

@@ -130,6 +130,7 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
         body["act"] = int(frame.get("act", 1)) + 1
     if step is not None:
         body["step"] = step
+        body["join_ref"] = None
     new = transition(ws, job, State.READY, body, actor=_actor())
     clear_pause(ws, job.job_id)
     return SteerResult(job.key, st, new.state)

@@ -73,8 +73,9 @@ def prepare(
     step = str(frame.get("step", spec.step))
     tried = int(frame.get("try", 1))
     last = frame.get("last")
-    restart = tried > 1
-    unclean = restart and last in UNCLEAN
+    # an uncharged interruption hands its try back, yet the next start is a restart
+    unclean = last in UNCLEAN
+    restart = tried > 1 or unclean
     context: dict[str, Any] = {
         "workspace": ws.root,
         "job_id": spec.id,

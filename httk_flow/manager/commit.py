@@ -49,7 +49,14 @@ class Committer:
             return Ending(exit_code, sig, None, e.render())
         return Ending(exit_code, sig, out, None, interrupted=interrupted and out is None)
 
-    def commit(self, job: JobHandle, spec: JobSpec, frame: Frame, ending: Ending) -> JobHandle:
+    def commit(
+        self,
+        job: JobHandle,
+        spec: JobSpec,
+        frame: Frame,
+        ending: Ending,
+        evidence: dict[str, object] | None = None,
+    ) -> JobHandle:
         """running (or cancelling-free running) -> committing -> final. Raises TransitionConflict
         when the attempt was fenced (cancelled, taken over) before it could commit."""
         decision = decide(
@@ -67,6 +74,8 @@ class Committer:
             decision=decision.to_json(),
             why=decision.why,
         )
+        if evidence is not None:
+            body["evidence"] = evidence
         committing = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
         self.log.transition(job.key, job.state.value, "committing", decision.why)
         crash_point("commit.after_committing")
@@ -135,6 +144,8 @@ class Committer:
             body["result"] = frame["result"]
         if isinstance(frame.get("attempt"), dict):
             body["attempt"] = frame["attempt"]
+        if "evidence" in frame:
+            body["evidence"] = frame["evidence"]
         final = transition(
             self.ws,
             committing,

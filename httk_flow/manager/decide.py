@@ -116,7 +116,14 @@ def decide(
             return Decision(State.FAILED, "fail", {"failure": failure, "last": "failed"})
         case Action.ADVANCE:
             assert out.step is not None
-            body = {**msg, "step": out.step, "act": act + 1, "try": 0, "last": "advanced"}
+            body = {
+                **msg,
+                "step": out.step,
+                "act": act + 1,
+                "try": 0,
+                "last": "advanced",
+                "join_ref": None,
+            }
             return Decision(State.READY, "advance", body)
         case Action.RETRY:
             return again(f"retry requested: {out.message}", charged=True)
@@ -134,7 +141,7 @@ def decide(
             return Decision(
                 State.WAITING,
                 "wait",
-                {**msg, "join": join, "last": "waiting"},
+                {**msg, "join": join, "last": "waiting", "join_ref": None},
                 children=out.children,
             )
     raise AssertionError(out.action)

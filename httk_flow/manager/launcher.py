@@ -11,7 +11,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 
-from httk_flow.procs import proc_start_time, process_alive
+from httk_flow.procs import group_members_alive, proc_start_time, process_alive
 
 __all__ = [
     "GATE_CLOSED",
@@ -27,7 +27,7 @@ __all__ = [
 GATE_CLOSED = 125
 #: the launcher: enter the workdir, wait for the gate, then become the program
 _SCRIPT = f'cd -- "$1" || exit 126; shift; read -r _ || exit {GATE_CLOSED}; exec "$@" </dev/null'
-_OUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+_OUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND  # no CLOEXEC: they are the child's 1 and 2
 
 
 @dataclass
@@ -130,11 +130,12 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process remains in the process group."""
+    """Whether a live (not exited) process remains in the process group."""
     try:
         os.killpg(pgid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    # killpg also succeeds for exited members nobody has collected yet
+    return group_members_alive(pgid)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
+from httk_flow.children import child_states
 from httk_flow.errors import FlowError
 from httk_flow.leases import ManagerInfo, mark_stopped, write_heartbeat
 from httk_flow.maintenance import read_lock
@@ -23,7 +24,7 @@ from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.passes import ClaimPass, JoinPass, PassContext, RecoveryPass, RegisterPass
-from httk_flow.names import to36
+from httk_flow.names import RecordRef, to36
 from httk_flow.states import State
 from httk_flow.steering import pending_pauses
 from httk_flow.workspace import Workspace
@@ -156,16 +157,12 @@ class Manager:
         return len(done)
 
     def _join_context(self, frame: dict[str, object]) -> dict[str, object] | None:
-        """For the step after a join: every child's label, id, state and directory."""
-        if frame.get("why") not in ("joined", "join impossible"):
+        """For every attempt of the step after a join: each child's label, id, state, path."""
+        ref = frame.get("join_ref")
+        if not isinstance(ref, str):
             return None
-        from httk_flow.children import child_states
-
         try:
-            ref = frame.get("prev")
-            from httk_flow.names import RecordRef
-
-            waiting = self.ws.reader.read(RecordRef.parse(str(ref)))
+            waiting = self.ws.reader.read(RecordRef.parse(ref))
             join = waiting["join"]
             pairs = [(str(p[0]), p[1]) for p in join["children"]]
             kids = child_states(

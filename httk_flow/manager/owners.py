@@ -41,6 +41,8 @@ class OwnerOracle:
 
     def suspects(self) -> set[str]:
         """Managers other than us that are not alive and not yet cleared of work."""
+        # a manager seen alive again may die holding work later: suspect it anew then
+        self._cleared -= {mid for mid, lv in self.managers().items() if lv.alive}
         return {
             mid
             for mid, lv in self.managers().items()

@@ -21,6 +21,7 @@ from httk_flow.jobs import fail, load_spec, register
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
 from httk_flow.manager.commit import Committer
+from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import group_alive, process_alive, signal_group
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
@@ -292,7 +293,13 @@ class JoinPass:
         if release:
             body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
             body.pop("try_", None)
-            body.update(**{"try": 0}, why="joined", joined=summary, last="joined")
+            body.update(
+                **{"try": 0},
+                why="joined",
+                joined=summary,
+                last="joined",
+                join_ref=str(h.marker.ref),
+            )
             self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
             ctx.log.transition(h.key, "waiting", "ready", "joined")
             crash_point("join.after_release")
@@ -301,7 +308,13 @@ class JoinPass:
             failed = ", ".join(f"{k.label} ({k.state.value if k.state else '?'})" for k in bad[:10])
             if join.get("on_impossible"):
                 body = carry(frame, step=join["on_impossible"], act=int(frame.get("act", 1)) + 1)
-                body.update(**{"try": 0}, why="join impossible", joined=summary, last="joined")
+                body.update(
+                    **{"try": 0},
+                    why="join impossible",
+                    joined=summary,
+                    last="joined",
+                    join_ref=str(h.marker.ref),
+                )
                 self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
                 ctx.log.transition(h.key, "waiting", "ready", "join impossible")
             else:
@@ -439,17 +452,11 @@ class RecoveryPass:
             spec = load_spec(ctx.ws, h.placement, h.key)
             adir = att.get("dir")
             ending = (
-                self.committer.ending_from_dir(str(adir), None, None, interrupted=True)
+                self.committer.ending_from_dir(adir, None, None, interrupted=True)
                 if isinstance(adir, str)
-                else None
+                else Ending(None, None, interrupted=True)
             )
-            if ending is None:
-                return 0
-            body = dict(frame)
-            body["evidence"] = proof
-            self.committer.commit(
-                h, spec, {**carry(frame), "attempt": att, "evidence": proof}, ending
-            )
+            self.committer.commit(h, spec, {**carry(frame), "attempt": att}, ending, proof)
         return 1
 
     def _workdir(self, h: JobHandle) -> str:

@@ -1,0 +1,556 @@
+# shellcheck shell=bash
+# httk_flow bash runner API. A job's program sources it: source "$FLOW_BASH_API"
+#
+# Public functions are flow_*, helpers _flow_*. Every function returns (non-zero on
+# misuse, with a message on stderr) and never exits. Publishing an outcome, spawning and
+# reading a parameter run no other interpreter: the only external commands are mkdir and
+# mv per outcome (plus sync in a durable workspace). See docs/bash-api.md.
+
+if [[ -n ${_FLOW_API_LOADED-} ]]; then
+    return 0
+fi
+if ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 2))); then
+    printf 'flow.sh: needs bash 4.2 or newer (this is %s)\n' "$BASH_VERSION" >&2 || true
+    return 2
+fi
+_FLOW_API_LOADED=1
+
+#: every control character JSON forbids raw, except NUL (a bash string cannot hold it)
+_FLOW_CTL=$'\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f'
+_FLOW_RE_IDENT='^[A-Za-z_][A-Za-z0-9_]{0,63}$'
+_FLOW_RE_TAG='^[A-Za-z0-9][A-Za-z0-9_+-]{0,63}$'
+_FLOW_RE_LABEL='^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$'
+_FLOW_RE_CODE='^[A-Za-z0-9_.:+-]{1,64}$'
+_FLOW_RE_PRIORITY='^[0-9]{1,3}$'
+
+_flow_published=0 # this process published an outcome
+_flow_error=""    # the first misuse: the step ends as a fail naming it
+_flow_children="" # children.jsonl lines of this attempt's flow_spawn calls
+_flow_nspawn=0    # flow_spawn calls so far (numbers the default labels c1, c2, ...)
+_flow_step=""     # the step flow_main is running
+_flow_in_err=0    # guards the ERR trap against re-entry
+_flow_main_pid="" # the shell that runs the step (flow_main's $BASHPID)
+declare -gA _flow_declared=()
+declare -gA _flow_labels=()
+_flow_steps_list=()
+
+# -- helpers -----------------------------------------------------------------------------
+
+# _flow_valid KIND VALUE: is VALUE of the grammar (ident, tag, label, code, priority)?
+_flow_valid() {
+    # byte-wise ranges: in other locales [a-z] may match accented or upper-case letters
+    local LC_ALL=C _flow_re
+    case $1 in
+    ident) _flow_re=$_FLOW_RE_IDENT ;;
+    tag) _flow_re=$_FLOW_RE_TAG ;;
+    label) _flow_re=$_FLOW_RE_LABEL ;;
+    code) _flow_re=$_FLOW_RE_CODE ;;
+    priority) _flow_re=$_FLOW_RE_PRIORITY ;;
+    *) return 1 ;;
+    esac
+    [[ $2 =~ $_flow_re ]]
+}
+
+# _flow_json_quote VAR STRING: set VAR to STRING as a JSON string literal, quotes included.
+_flow_json_quote() {
+    # C locale: work on bytes, so UTF-8 passes through untouched and bad bytes do not
+    # confuse the matcher
+    local LC_ALL=C _flow_s=$2 _flow_i _flow_c _flow_hex
+    case $_flow_s in
+    *[\\\"]*)
+        _flow_s=${_flow_s//\\/\\\\}
+        _flow_s=${_flow_s//\"/\\\"}
+        ;;
+    esac
+    if [[ $_flow_s == *[$_FLOW_CTL]* ]]; then
+        _flow_s=${_flow_s//$'\n'/'\n'}
+        _flow_s=${_flow_s//$'\t'/'\t'}
+        _flow_s=${_flow_s//$'\r'/'\r'}
+        for ((_flow_i = 0; _flow_i < 31; _flow_i++)); do
+            [[ $_flow_s == *[$_FLOW_CTL]* ]] || break
+            _flow_c=${_FLOW_CTL:_flow_i:1}
+            if [[ $_flow_s == *"$_flow_c"* ]]; then
+                printf -v _flow_hex '\\u%04x' "$((_flow_i + 1))"
+                _flow_s=${_flow_s//"$_flow_c"/"$_flow_hex"}
+            fi
+        done
+    fi
+    printf -v "$1" '"%s"' "$_flow_s"
+}
+
+# _flow_say FORMAT ARGS...: a line on stderr; a closed or broken stderr never fails a step
+_flow_say() {
+    # shellcheck disable=SC2059 # the format is always one of ours
+    printf "$@" >&2 || true
+}
+
+# _flow_misuse FUNC MESSAGE: report a misuse on stderr and remember the first one.
+_flow_misuse() {
+    _flow_say '%s: %s\n' "$1" "$2"
+    if [[ -z $_flow_error ]]; then
+        _flow_error="$1: $2"
+    fi
+    return 0
+}
+
+_flow_prefix() {
+    # "step NAME: " when the step is known, for messages the manager records
+    local _flow_s=${_flow_step:-${FLOW_STEP-}}
+    if [[ -n $_flow_s ]]; then
+        printf -v "$1" 'step %s: ' "$_flow_s"
+    else
+        printf -v "$1" ''
+    fi
+}
+
+_flow_has_outcome() {
+    [[ $_flow_published == 1 || -e ${FLOW_CONTROL_DIR-}/outcome.ready ]]
+}
+
+# _flow_write ACTION MESSAGE EXTRA: publish one outcome (EXTRA: more ,"key":value fields).
+_flow_write() {
+    local _flow_ctl=${FLOW_CONTROL_DIR-} _flow_msg _flow_tmp _flow_files
+    if [[ -z $_flow_ctl || ! -d $_flow_ctl ]]; then
+        _flow_say 'flow: FLOW_CONTROL_DIR %s is not an attempt directory; run this program through flow (flow submit, then flow run)\n' "${_flow_ctl:-(unset)}"
+        return 2
+    fi
+    _flow_json_quote _flow_msg "$2"
+    _flow_tmp=$_flow_ctl/outcome.tmp.$BASHPID.$RANDOM$RANDOM
+    if ! command mkdir -- "$_flow_tmp"; then
+        _flow_say 'flow: cannot create %s; no outcome was published\n' "$_flow_tmp"
+        return 1
+    fi
+    _flow_files=("$_flow_tmp/outcome.json")
+    if ! printf '{"action":"%s","message":%s%s}\n' "$1" "$_flow_msg" "$3" >"$_flow_tmp/outcome.json"; then
+        _flow_say 'flow: cannot write %s/outcome.json; no outcome was published\n' "$_flow_tmp"
+        return 1
+    fi
+    if [[ $1 == wait ]]; then
+        _flow_files+=("$_flow_tmp/children.jsonl")
+        if ! printf '%s' "$_flow_children" >"$_flow_tmp/children.jsonl"; then
+            _flow_say 'flow: cannot write %s/children.jsonl; no outcome was published\n' "$_flow_tmp"
+            return 1
+        fi
+    fi
+    if [[ ${FLOW_DURABLE-0} == 1 ]] && ! command sync -- "${_flow_files[@]}" "$_flow_tmp" "$_flow_ctl"; then
+        _flow_say 'flow: cannot sync %s; no outcome was published\n' "$_flow_tmp"
+        return 1
+    fi
+    # -T: never move the directory *into* an outcome.ready published meanwhile
+    if ! command mv -T -- "$_flow_tmp" "$_flow_ctl/outcome.ready" 2>/dev/null; then
+        if [[ -d $_flow_ctl/outcome.ready ]]; then
+            _flow_published=1
+            printf '%s\n' "$1" >>"$_flow_ctl/outcome.ready/duplicate"
+            _flow_say 'flow: an outcome was already published (by a subshell?); this second one (%s) makes the job fail with a protocol error\n' "$1"
+        else
+            _flow_say 'flow: cannot publish %s as outcome.ready; no outcome was published\n' "$_flow_tmp"
+        fi
+        return 1
+    fi
+    _flow_published=1
+    if [[ ${FLOW_DURABLE-0} == 1 ]]; then
+        command sync -- "$_flow_ctl" || true
+    fi
+    return 0
+}
+
+# _flow_outcome FUNC ACTION MESSAGE EXTRA: the one way an outcome function publishes.
+_flow_outcome() {
+    local _flow_p
+    if _flow_has_outcome; then
+        if [[ -d ${FLOW_CONTROL_DIR-}/outcome.ready ]]; then
+            printf '%s\n' "$2" >>"$FLOW_CONTROL_DIR/outcome.ready/duplicate"
+        fi
+        _flow_say '%s: this attempt already published an outcome; a second one (%s) makes the job fail with a protocol error\n' "$1" "$2"
+        return 1
+    fi
+    if [[ -n $_flow_error ]]; then
+        # an earlier misuse wins over what the step meant to report
+        _flow_prefix _flow_p
+        if [[ $2 != fail || $_flow_error != "$1: "* ]]; then
+            _flow_say '%s: publishing a fail instead of %s, because of: %s\n' "$1" "$2" "$_flow_error"
+        fi
+        _flow_write fail "$_flow_p$_flow_error" ',"code":"protocol_error"' || return
+        return 2
+    fi
+    _flow_write "$2" "$3" "$4"
+}
+
+# _flow_check_step FUNC STEP: is STEP a valid name, declared if flow_steps was used?
+_flow_check_step() {
+    if ! _flow_valid ident "$2"; then
+        _flow_misuse "$1" "step name '$2' is not valid (1-64 letters, digits and '_', not starting with a digit)"
+        return 1
+    fi
+    if ((${#_flow_steps_list[@]})) && [[ -z ${_flow_declared[$2]-} ]]; then
+        _flow_misuse "$1" "step '$2' is not declared with flow_steps (declared: ${_flow_steps_list[*]})"
+        return 1
+    fi
+    return 0
+}
+
+# the ERR trap of flow_main: under set -e, a failing command ends the step as a fail
+# (_flow_on_err STATUS LINE COMMAND PIPESTATUS)
+_flow_on_err() {
+    local _flow_status=$1 _flow_line=$2 _flow_cmd=$3 _flow_ps=$4 _flow_where=${FUNCNAME[1]-main}
+    local _flow_p _flow_msg
+    # only the step's own shell decides: a failure in a subshell reaches it as the
+    # subshell's status, while one in an asynchronous subshell (cmd &, <(cmd)) is
+    # ignored by set -e and must not end the step either
+    [[ $- == *e* && $_flow_in_err == 0 && $BASHPID == "$_flow_main_pid" ]] || return 0
+    if _flow_has_outcome; then
+        return 0
+    fi
+    _flow_in_err=1
+    _flow_prefix _flow_p
+    if [[ -n $_flow_error ]]; then
+        _flow_write fail "$_flow_p$_flow_error" ',"code":"protocol_error"' || true
+    elif [[ $_flow_where == flow_main ]]; then
+        _flow_msg="${_flow_p}step_$_flow_step returned status $_flow_status without publishing an outcome"
+        _flow_write fail "$_flow_msg" ',"code":"protocol_error"' || true
+    else
+        if [[ $_flow_ps == *' '* ]]; then
+            _flow_msg="${_flow_p}a pipeline failed with statuses $_flow_ps at line $_flow_line (near \`$_flow_cmd\`)"
+        else
+            _flow_msg="${_flow_p}command \`$_flow_cmd\` failed with status $_flow_status at line $_flow_line"
+        fi
+        if [[ $_flow_where != "step_$_flow_step" ]]; then
+            _flow_msg+=" (in $_flow_where)"
+        fi
+        _flow_write fail "$_flow_msg" ',"code":"step_error"' || true
+    fi
+    _flow_in_err=0
+    return 0
+}
+
+# -- steps -------------------------------------------------------------------------------
+
+# flow_steps NAME...: declare the steps of this program (each runs as step_NAME).
+flow_steps() {
+    local _flow_s
+    if (($# == 0)); then
+        _flow_misuse flow_steps "needs at least one step name"
+        return 2
+    fi
+    for _flow_s in "$@"; do
+        if ! _flow_valid ident "$_flow_s"; then
+            _flow_misuse flow_steps "step name '$_flow_s' is not valid (1-64 letters, digits and '_', not starting with a digit)"
+            return 2
+        fi
+        if [[ -z ${_flow_declared[$_flow_s]-} ]]; then
+            _flow_declared[$_flow_s]=1
+            _flow_steps_list+=("$_flow_s")
+        fi
+    done
+    return 0
+}
+
+# flow_main [ARGS...]: run step_$FLOW_STEP with ARGS; make sure it ends with one outcome.
+flow_main() {
+    local _flow_s=${FLOW_STEP-} _flow_rc _flow_p
+    if [[ -z ${FLOW_CONTROL_DIR-} ]]; then
+        _flow_say 'flow_main: FLOW_CONTROL_DIR is not set; run this program through flow (flow submit, then flow run)\n'
+        return 2
+    fi
+    _flow_step=$_flow_s
+    if [[ -z $_flow_s ]]; then
+        _flow_misuse flow_main "FLOW_STEP is not set"
+    elif ((${#_flow_steps_list[@]} == 0)); then
+        _flow_misuse flow_main "no steps are declared; call flow_steps NAME... before flow_main"
+    elif [[ -z ${_flow_declared[$_flow_s]-} ]]; then
+        _flow_misuse flow_main "step '$_flow_s' is not declared with flow_steps (declared: ${_flow_steps_list[*]})"
+    elif ! declare -F "step_$_flow_s" >/dev/null; then
+        _flow_misuse flow_main "step '$_flow_s' is declared but no function step_$_flow_s is defined"
+    fi
+    if [[ -n $_flow_error ]]; then
+        _flow_outcome flow_main fail "$_flow_error" ',"code":"protocol_error"'
+        return
+    fi
+    _flow_main_pid=$BASHPID
+    set -E
+    trap '_flow_on_err "$?" "$LINENO" "$BASH_COMMAND" "${PIPESTATUS[*]}"' ERR
+    "step_$_flow_s" "$@"
+    _flow_rc=$?
+    trap - ERR
+    if _flow_has_outcome; then
+        return 0
+    fi
+    if [[ -n $_flow_error ]]; then
+        _flow_outcome flow_main fail "$_flow_error" ',"code":"protocol_error"'
+        return
+    fi
+    _flow_prefix _flow_p
+    _flow_write fail "${_flow_p}step_$_flow_s returned (status $_flow_rc) without publishing an outcome; end each step with flow_succeed, flow_fail, flow_advance, flow_wait, flow_retry or flow_pause" ',"code":"protocol_error"'
+}
+
+# -- outcomes ----------------------------------------------------------------------------
+
+# flow_succeed [MSG]: the job succeeded.
+flow_succeed() {
+    _flow_outcome flow_succeed succeed "$*" ""
+}
+
+# flow_fail MSG [CODE]: the job failed for good (CODE: a short reason, default "failed").
+flow_fail() {
+    local _flow_extra=""
+    if (($# < 1 || $# > 2)); then
+        _flow_misuse flow_fail "usage: flow_fail MSG [CODE]"
+    elif (($# == 2)); then
+        if _flow_valid code "$2"; then
+            _flow_extra=",\"code\":\"$2\""
+        else
+            _flow_misuse flow_fail "code '$2' is not valid (1-64 letters, digits and '_.:+-')"
+        fi
+    fi
+    _flow_outcome flow_fail fail "${1-}" "$_flow_extra"
+}
+
+# flow_advance STEP [MSG]: continue the job at STEP (a new activation).
+flow_advance() {
+    local _flow_s=${1-}
+    if (($# < 1)); then
+        _flow_misuse flow_advance "usage: flow_advance STEP [MSG]"
+    else
+        shift
+        _flow_check_step flow_advance "$_flow_s" || true
+    fi
+    _flow_outcome flow_advance advance "$*" ",\"step\":\"$_flow_s\""
+}
+
+# flow_retry REASON: run this step again (charged to the retry budget, with backoff).
+flow_retry() {
+    if (($# < 1)); then
+        _flow_misuse flow_retry "usage: flow_retry REASON"
+    fi
+    _flow_outcome flow_retry retry "$*" ""
+}
+
+# flow_pause REASON: park the job until an operator runs flow resume.
+flow_pause() {
+    if (($# < 1)); then
+        _flow_misuse flow_pause "usage: flow_pause REASON"
+    fi
+    _flow_outcome flow_pause pause "$*" ""
+}
+
+# -- children ----------------------------------------------------------------------------
+
+# flow_spawn [--tag T] [--step S] [--param K=V]... [--priority N] [--label L] [--program P]
+# Define a child job; flow_wait registers them all when this attempt ends.
+flow_spawn() {
+    local _flow_tag="" _flow_s="" _flow_prio="" _flow_label="" _flow_prog="" _flow_opt
+    local _flow_params="" _flow_k _flow_v _flow_q _flow_line _flow_f=flow_spawn
+    local -A _flow_seen=()
+    _flow_nspawn=$((_flow_nspawn + 1))
+    if _flow_has_outcome; then
+        _flow_misuse $_flow_f "called after this attempt published its outcome"
+        return 2
+    fi
+    while (($#)); do
+        _flow_opt=$1
+        case $_flow_opt in
+        --tag | --step | --param | --priority | --label | --program)
+            if (($# < 2)); then
+                _flow_misuse $_flow_f "option $_flow_opt needs a value"
+                return 2
+            fi
+            _flow_v=$2
+            shift 2
+            ;;
+        --tag=* | --step=* | --param=* | --priority=* | --label=* | --program=*)
+            _flow_v=${_flow_opt#*=}
+            _flow_opt=${_flow_opt%%=*}
+            shift
+            ;;
+        *)
+            _flow_misuse $_flow_f "unknown argument '$_flow_opt' (options: --tag --step --param --priority --label --program)"
+            return 2
+            ;;
+        esac
+        case $_flow_opt in
+        --tag)
+            if ! _flow_valid tag "$_flow_v"; then
+                _flow_misuse $_flow_f "tag '$_flow_v' is not valid (1-64 letters, digits, '_', '+' and '-', starting with a letter or digit)"
+                return 2
+            fi
+            _flow_tag=$_flow_v
+            ;;
+        --step)
+            if ! _flow_valid ident "$_flow_v"; then
+                _flow_misuse $_flow_f "step name '$_flow_v' is not valid (1-64 letters, digits and '_', not starting with a digit)"
+                return 2
+            fi
+            _flow_s=$_flow_v
+            ;;
+        --param)
+            if [[ $_flow_v != *=* ]]; then
+                _flow_misuse $_flow_f "--param needs KEY=VALUE, got '$_flow_v'"
+                return 2
+            fi
+            _flow_k=${_flow_v%%=*}
+            if ! _flow_valid ident "$_flow_k"; then
+                _flow_misuse $_flow_f "param key '$_flow_k' is not valid (1-64 letters, digits and '_', not starting with a digit)"
+                return 2
+            fi
+            if [[ -n ${_flow_seen[$_flow_k]-} ]]; then
+                _flow_misuse $_flow_f "param '$_flow_k' is given twice"
+                return 2
+            fi
+            _flow_seen[$_flow_k]=1
+            _flow_json_quote _flow_q "${_flow_v#*=}"
+            _flow_params+=${_flow_params:+,}"\"$_flow_k\":$_flow_q"
+            ;;
+        --priority)
+            if ! _flow_valid priority "$_flow_v"; then
+                _flow_misuse $_flow_f "priority '$_flow_v' is not an integer in 0-999"
+                return 2
+            fi
+            _flow_prio=$((10#$_flow_v))
+            ;;
+        --label)
+            if ! _flow_valid label "$_flow_v"; then
+                _flow_misuse $_flow_f "label '$_flow_v' is not valid (1-128 letters, digits and '_.+-', starting with a letter or digit)"
+                return 2
+            fi
+            _flow_label=$_flow_v
+            ;;
+        --program)
+            if [[ -z $_flow_v ]]; then
+                _flow_misuse $_flow_f "--program needs a path"
+                return 2
+            fi
+            [[ $_flow_v == /* ]] || _flow_v=$PWD/$_flow_v
+            if [[ ! -f $_flow_v || ! -x $_flow_v ]]; then
+                _flow_misuse $_flow_f "program '$_flow_v' is not an executable file"
+                return 2
+            fi
+            _flow_prog=$_flow_v
+            ;;
+        esac
+    done
+    if [[ -z $_flow_prog ]] && ((${#_flow_steps_list[@]})) && [[ -z ${_flow_declared[${_flow_s:-main}]-} ]]; then
+        _flow_misuse $_flow_f "the child would start at step '${_flow_s:-main}', which is not declared with flow_steps (declared: ${_flow_steps_list[*]}); pass --step"
+        return 2
+    fi
+    _flow_label=${_flow_label:-c$_flow_nspawn}
+    if [[ -n ${_flow_labels[$_flow_label]-} ]]; then
+        _flow_misuse $_flow_f "label '$_flow_label' is used twice in this attempt"
+        return 2
+    fi
+    _flow_labels[$_flow_label]=1
+    _flow_line="{\"label\":\"$_flow_label\""
+    [[ -z $_flow_tag ]] || _flow_line+=",\"tag\":\"$_flow_tag\""
+    [[ -z $_flow_s ]] || _flow_line+=",\"step\":\"$_flow_s\""
+    [[ -z $_flow_params ]] || _flow_line+=",\"params\":{$_flow_params}"
+    [[ -z $_flow_prio ]] || _flow_line+=",\"priority\":$_flow_prio"
+    if [[ -n $_flow_prog ]]; then
+        _flow_json_quote _flow_q "$_flow_prog"
+        _flow_line+=",\"program\":$_flow_q"
+    fi
+    _flow_children+=$_flow_line$'}\n'
+    return 0
+}
+
+# flow_wait STEP [--all-succeeded|--all-done|--any-succeeded] [--on-impossible STEP]
+# End this attempt: register the spawned children and continue at STEP once the join holds.
+flow_wait() {
+    local _flow_s=${1-} _flow_mode=all_succeeded _flow_imp="" _flow_extra _flow_f=flow_wait
+    if (($# < 1)); then
+        _flow_misuse $_flow_f "usage: flow_wait STEP [--all-succeeded|--all-done|--any-succeeded] [--on-impossible STEP]"
+    else
+        shift
+        _flow_check_step $_flow_f "$_flow_s" || true
+    fi
+    while (($#)); do
+        case $1 in
+        --all-succeeded) _flow_mode=all_succeeded ;;
+        --all-done) _flow_mode=all_done ;;
+        --any-succeeded) _flow_mode=any_succeeded ;;
+        --on-impossible)
+            if (($# < 2)); then
+                _flow_misuse $_flow_f "--on-impossible needs a step"
+                break
+            fi
+            _flow_imp=$2
+            _flow_check_step $_flow_f "$_flow_imp" || true
+            shift
+            ;;
+        *)
+            _flow_misuse $_flow_f "unknown argument '$1'"
+            break
+            ;;
+        esac
+        shift
+    done
+    if [[ -z $_flow_children ]]; then
+        _flow_misuse $_flow_f "no children were spawned: a join over nothing can never be decided; call flow_spawn before flow_wait"
+    fi
+    _flow_extra=",\"step\":\"$_flow_s\",\"join\":\"$_flow_mode\""
+    [[ -z $_flow_imp ]] || _flow_extra+=",\"on_impossible\":\"$_flow_imp\""
+    _flow_outcome $_flow_f wait "" "$_flow_extra"
+}
+
+# flow_children: after a join, one line per child: LABEL ID STATE PATH
+flow_children() {
+    local _flow_file=${FLOW_CONTROL_DIR-}/children _flow_line
+    if [[ ! -f $_flow_file ]]; then
+        _flow_say 'flow_children: no children file in this attempt; it exists in the step that follows a flow_wait\n'
+        return 1
+    fi
+    while IFS= read -r _flow_line || [[ -n $_flow_line ]]; do
+        printf '%s\n' "$_flow_line"
+    done <"$_flow_file"
+    return 0
+}
+
+# -- context -----------------------------------------------------------------------------
+
+# flow_param [-v VAR] KEY [DEFAULT]: print parameter KEY (no newline added), or set VAR.
+flow_param() {
+    local _flow_out="" _flow_var _flow_val
+    if [[ ${1-} == -v ]]; then
+        if (($# < 2)) || ! _flow_valid ident "$2"; then
+            _flow_misuse flow_param "-v needs a variable name"
+            return 2
+        fi
+        _flow_out=$2
+        shift 2
+    fi
+    if (($# < 1 || $# > 2)); then
+        _flow_misuse flow_param "usage: flow_param [-v VAR] KEY [DEFAULT]"
+        return 2
+    fi
+    if ! _flow_valid ident "$1"; then
+        _flow_misuse flow_param "param key '$1' is not valid (1-64 letters, digits and '_', not starting with a digit)"
+        return 2
+    fi
+    _flow_var=FLOW_PARAM_$1
+    if [[ -n ${!_flow_var+set} ]]; then
+        _flow_val=${!_flow_var}
+    elif (($# == 2)); then
+        _flow_val=$2
+    else
+        _flow_say 'flow_param: parameter %s is not set and no default was given\n' "$1"
+        return 1
+    fi
+    if [[ -n $_flow_out ]]; then
+        printf -v "$_flow_out" '%s' "$_flow_val"
+    else
+        printf '%s' "$_flow_val"
+    fi
+}
+
+# flow_is_restart: true when this step ran before in this activation (a retry or recovery).
+flow_is_restart() {
+    [[ ${FLOW_IS_RESTART-0} == 1 ]]
+}
+
+# flow_is_unclean_restart: true when the previous attempt was interrupted (node died, drain).
+flow_is_unclean_restart() {
+    [[ ${FLOW_UNCLEAN_RESTART-0} == 1 ]]
+}
+
+# flow_log MSG...: a timestamped line on the attempt's stderr.
+flow_log() {
+    _flow_say '%(%Y-%m-%dT%H:%M:%S)T flow[%s %s]: %s\n' -1 "${FLOW_STEP-?}" "${FLOW_ATTEMPT_ID-?}" "$*"
+}

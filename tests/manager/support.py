@@ -1,0 +1,402 @@
+"""Helpers for the manager tests: workspaces, job scripts, real manager processes, histories.
+
+Managers run as real subprocesses and are signalled for real. Attempt processes live in
+process groups of their own; when a test kills a manager they are orphaned, and this
+machine's PID 1 does not reap orphans, so the test process makes itself their subreaper
+(see OrphanReaper) instead of letting zombies look like live attempts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from httk_flow import jobs
+from httk_flow.journal import Frame
+from httk_flow.states import State
+from httk_flow.submit import SubmitRequest, Submitter
+from httk_flow.transition import JobHandle
+from httk_flow.workspace import Workspace
+
+FLOW = [sys.executable, "-m", "httk_flow"]
+#: `flow` in a process whose host name is argv[1]: a manager "on another host"
+ELSEWHERE = [
+    sys.executable,
+    "-c",
+    "import socket, sys; host = sys.argv.pop(1); socket.gethostname = lambda: host\n"
+    "from httk_flow.cli.main import main; main()",
+]
+#: the longest any single manager run may take before a test gives up on it
+RUN_TIMEOUT = 60.0
+
+#: sourced at the top of every job script: publish an outcome by hand, as the protocol says
+PRELUDE = r"""#!/bin/bash
+set -u
+# publish OUTCOME_JSON [CHILDREN_JSONL]: write outcome.tmp.<pid>/ and rename it to outcome.ready
+publish() {
+    local d="$FLOW_CONTROL_DIR/outcome.tmp.$$"
+    mkdir "$d"
+    printf '%s' "$1" > "$d/outcome.json"
+    if [ $# -ge 2 ]; then printf '%s\n' "$2" > "$d/children.jsonl"; fi
+    mv "$d" "$FLOW_CONTROL_DIR/outcome.ready"
+}
+# bump NAME: count calls in the persistent workdir; prints the new count
+bump() {
+    local f="$FLOW_WORKDIR/$1.count" n=0
+    [ -f "$f" ] && n=$(cat "$f")
+    n=$((n + 1))
+    echo "$n" > "$f"
+    echo "$n"
+}
+"""
+
+#: advances main -> two -> three, then succeeds
+THREE_STEPS = """
+case "$FLOW_STEP" in
+    main) publish '{"action":"advance","step":"two","message":"m"}' ;;
+    two) publish '{"action":"advance","step":"three","message":"m"}' ;;
+    three) publish '{"action":"succeed","message":"done"}' ;;
+    *) exit 3 ;;
+esac
+"""
+
+
+#: the parent spawns $FLOW_PARAM_kids children (c1..cN) and joins them ($FLOW_PARAM_join);
+#: child number $FLOW_PARAM_bad fails
+FAMILY = r"""
+case "$FLOW_STEP" in
+    main)
+        kids=""
+        for i in $(seq 1 "$FLOW_PARAM_kids"); do
+            fail=0
+            [ "$i" = "${FLOW_PARAM_bad:-0}" ] && fail=1
+            kids="$kids{\"label\":\"c$i\",\"tag\":\"kid\",\"step\":\"child\",\"params\":{\"n\":$i,\"fail\":$fail}}
+"
+        done
+        imp=""
+        [ -n "${FLOW_PARAM_rescue:-}" ] && imp=",\"on_impossible\":\"$FLOW_PARAM_rescue\""
+        join="${FLOW_PARAM_join:-all_succeeded}"
+        publish "{\"action\":\"wait\",\"step\":\"collect\",\"join\":\"$join\"$imp}" "$kids"
+        ;;
+    child)
+        if [ "$FLOW_PARAM_fail" = 1 ]; then
+            publish '{"action":"fail","code":"child_broke"}'
+        else
+            publish '{"action":"succeed"}'
+        fi
+        ;;
+    collect | rescue)
+        cp "$FLOW_CONTROL_DIR/children" "$FLOW_WORKDIR/children.$FLOW_STEP.$FLOW_ATTEMPT_ID" \
+            || echo missing > "$FLOW_WORKDIR/children.$FLOW_STEP.$FLOW_ATTEMPT_ID"
+        if [ "${FLOW_PARAM_flaky_collect:-0}" = 1 ] && [ "$(bump collect)" -eq 1 ]; then
+            exit 1
+        fi
+        publish '{"action":"succeed","message":"collected"}'
+        ;;
+esac
+"""
+
+
+# -- workspaces and jobs ----------------------------------------------------------------
+
+
+def make_workspace(path: Path, *, backoff_base: float = 0.2, backoff_cap: float = 2.0) -> str:
+    """A fresh workspace whose retry backoff is short enough for tests."""
+    ws = Workspace.create(str(path))
+    ws.close()
+    # rewritten before any process opens the workspace; both keys are known policy keys
+    fmt_path = Path(ws.flow) / "format.json"
+    fmt = orjson.loads(fmt_path.read_bytes())
+    fmt["policy"].update(backoff_base=backoff_base, backoff_cap=backoff_cap)
+    fmt_path.write_bytes(orjson.dumps(fmt, option=orjson.OPT_INDENT_2))
+    return ws.root
+
+
+def write_script(directory: Path, name: str, body: str) -> str:
+    """An executable bash job script: PRELUDE followed by `body`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(PRELUDE + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+def submit(root: str, program: str, count: int = 1, **fields: Any) -> list[str]:
+    """Submit `count` jobs running `program`; returns their ids."""
+    ws = Workspace.open(root)
+    try:
+        reqs = [SubmitRequest(program=program, **fields) for _ in range(count)]
+        return [spec.id for spec in Submitter(ws, actor="test").submit(reqs)]
+    finally:
+        ws.close()
+
+
+# -- reading jobs back ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    handle: JobHandle
+    frames: list[Frame]
+
+    @property
+    def state(self) -> State:
+        return self.handle.state
+
+    @property
+    def last(self) -> Frame:
+        return self.frames[-1]
+
+    @property
+    def failure_code(self) -> str | None:
+        failure = self.last.get("failure")
+        return failure.get("code") if isinstance(failure, dict) else None
+
+    @property
+    def attempts(self) -> list[dict[str, Any]]:
+        """One entry per launched attempt, oldest first (as `flow show` reports them)."""
+        return jobs.JobView(self.handle, None, None, self.last, self.frames).attempts
+
+    def commits(self) -> list[Frame]:
+        """Frames that end a commit (committing -> anything but committing), oldest first."""
+        return [
+            f
+            for f in self.frames
+            if f.get("from") == State.COMMITTING.value and f.get("to") != State.COMMITTING.value
+        ]
+
+    def job_dir(self, root: str) -> Path:
+        return Path(root) / self.handle.placement / self.handle.key
+
+
+def job(root: str, ident: str) -> JobInfo:
+    ws = Workspace.open(root)
+    try:
+        h = jobs.find(ws, ident)
+        return JobInfo(h, jobs.history(ws, h))
+    finally:
+        ws.close()
+
+
+def all_jobs(root: str) -> list[JobInfo]:
+    ws = Workspace.open(root)
+    try:
+        return [JobInfo(h, jobs.history(ws, h)) for h in jobs.all_jobs(ws)]
+    finally:
+        ws.close()
+
+
+def marker_keys(root: str) -> Counter[str]:
+    """How many marker files each job key has, over every state kind (must be 1 each)."""
+    counts: Counter[str] = Counter()
+    base = Path(root) / ".flow" / "state"
+    for st in State:
+        for _, _, files in os.walk(base / st.value):
+            counts.update(f.split(".p", 1)[0] for f in files)
+    return counts
+
+
+def committed(info: JobInfo) -> list[tuple[int, str, str]]:
+    """(activation, step, why) of every finished commit, oldest first."""
+    committing = State.COMMITTING.value
+    return [
+        (int(before["act"]), str(f["attempt"]["step"]), str(f["why"]))
+        for before, f in zip(info.frames, info.frames[1:], strict=False)
+        if f.get("from") == committing and f.get("to") != committing
+    ]
+
+
+def children_of(root: str, parent: JobInfo) -> list[JobInfo]:
+    placement = f"{parent.handle.placement}/{parent.handle.key}"
+    return [j for j in all_jobs(root) if j.handle.placement == placement]
+
+
+# -- manager processes --------------------------------------------------------------------
+
+
+class OrphanReaper:
+    """While entered, this process is the subreaper of orphaned attempts and reaps them.
+
+    Only zombies in a process group other than ours are reaped: attempts run in groups of
+    their own, while every process a test starts directly stays in ours and is waited for
+    by its Popen object. On exit the last orphans are waited for and the role is given up.
+    """
+
+    PR_SET_CHILD_SUBREAPER = 36
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def __enter__(self) -> OrphanReaper:
+        if self._libc.prctl(self.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            warnings.warn(
+                "cannot become a subreaper: orphaned attempts may linger as zombies",
+                stacklevel=2,
+            )
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="orphan-reaper", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        deadline = time.monotonic() + 5
+        while self.orphans() and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.02)
+        self._libc.prctl(self.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            self.reap()
+
+    @staticmethod
+    def orphans() -> list[tuple[int, str]]:
+        """(pid, state) of every child of ours outside our process group."""
+        me, my_group = os.getpid(), os.getpgrp()
+        return [(p, st) for p, pp, g, st in _processes() if pp == me and g != my_group]
+
+    def reap(self) -> None:
+        for pid, state in self.orphans():
+            if state == "Z":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+
+def _processes() -> Iterable[tuple[int, int, int, str]]:
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        with contextlib.suppress(IndexError, ValueError):
+            yield int(name), int(fields[1]), int(fields[2]), fields[0].decode()
+
+
+def processes_of(root: str) -> list[int]:
+    """Pids of attempt processes (and their children) serving jobs of workspace `root`."""
+    needle = f"FLOW_WORKSPACE_DIR={root}\0".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle in env:
+            out.append(int(name))
+    return out
+
+
+class ManagerProcess(subprocess.Popen[bytes]):
+    """A manager started by a test, with the file its output goes to."""
+
+    log: Path | None = None
+
+
+class Managers:
+    """The manager processes of one test; all are killed (with their attempts) at teardown."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[ManagerProcess] = []
+        self.roots: set[str] = set()
+        self._n = 0
+
+    def start(
+        self,
+        root: str,
+        *args: str,
+        command: str = "run",
+        workers: int = 2,
+        env: dict[str, str] | None = None,
+        quiet: bool = True,
+        host: str | None = None,
+    ) -> ManagerProcess:
+        """`flow run|serve -w ROOT --workers N [--quiet] ARGS`, output to a log file.
+
+        `host` makes the manager believe it runs on another host (its gethostname lies).
+        """
+        self._n += 1
+        log = self.tmp / f"manager-{self._n}.log"
+        full_env = dict(os.environ)
+        full_env.pop("FLOW_CRASH_AT", None)
+        full_env.update(env or {})
+        flow_argv = FLOW if host is None else [*ELSEWHERE, host]
+        argv = [*flow_argv, command, "-w", root, "--workers", str(workers)]
+        argv += ["--quiet", *args] if quiet else list(args)
+        with open(log, "wb") as out:
+            p = ManagerProcess(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+        p.log = log
+        self.procs.append(p)
+        self.roots.add(root)
+        return p
+
+    def run(self, root: str, *args: str, timeout: float = RUN_TIMEOUT, **kw: Any) -> int:
+        """Start `flow run` and wait for it; returns its exit status."""
+        p = self.start(root, *args, **kw)
+        try:
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"flow run did not finish within {timeout} s:\n{log_of(p)}"
+            ) from None
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for root in self.roots:
+            for pid in processes_of(root):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def log_of(p: ManagerProcess) -> str:
+    """The tail of a manager's output, for assertion messages."""
+    return p.log.read_text(errors="replace")[-4000:] if p.log else ""
+
+
+def flow(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run one `flow` command to completion."""
+    return subprocess.run([*FLOW, *args], capture_output=True, text=True, check=check, timeout=60)
+
+
+def dump(root: str, ids: Sequence[str] = ()) -> str:
+    """A readable account of jobs for assertion messages."""
+    infos = [job(root, i) for i in ids] if ids else all_jobs(root)
+    lines = []
+    for info in infos:
+        lines.append(f"{info.handle.key} {info.state.value}")
+        for f in info.frames:
+            lines.append(
+                f"    {f.get('from', '-')} -> {f.get('to')} step={f.get('step')} "
+                f"act={f.get('act')} try={f.get('try')} why={f.get('why')} by={f.get('by')}"
+            )
+    return "\n".join(lines)

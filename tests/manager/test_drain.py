@@ -1,0 +1,168 @@
+"""`flow serve` and signals: the first SIGTERM drains, a later second one exits at once,
+and two within the repeat window count as one. Real processes, real signals."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from helpers import wait_for
+
+from httk_flow.manager.loop import REPEAT_SIGNAL_WINDOW
+from httk_flow.states import State
+
+from .support import (
+    ManagerProcess,
+    Managers,
+    committed,
+    dump,
+    job,
+    log_of,
+    processes_of,
+    submit,
+    write_script,
+)
+
+#: the first attempt sleeps until killed; any later attempt succeeds at once
+SLEEPER = """
+if [ "$(bump main)" -eq 1 ]; then
+    touch "$FLOW_WORKDIR/started"
+    sleep 30
+fi
+echo "$FLOW_IS_RESTART $FLOW_UNCLEAN_RESTART" > "$FLOW_WORKDIR/restart"
+publish '{"action":"succeed"}'
+"""
+
+#: the first attempt survives SIGTERM (noting it) and waits for a release file
+STUBBORN = """
+if [ "$(bump main)" -eq 1 ]; then
+    trap 'touch "$FLOW_WORKDIR/got-term"' TERM
+    touch "$FLOW_WORKDIR/started"
+    while [ ! -e "$FLOW_WORKDIR/release" ]; do sleep 0.05; done
+    exit 0
+fi
+publish '{"action":"succeed"}'
+"""
+
+
+def start_serving(
+    root: str,
+    scripts: Path,
+    managers: Managers,
+    body: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> tuple[str, Path, ManagerProcess]:
+    """Submit one job running `body` and serve it until its first attempt has started."""
+    [jid] = submit(root, write_script(scripts, "job.sh", body))
+    p = managers.start(root, *args, command="serve", env=env)
+    workdir = job(root, jid).job_dir(root) / "run"
+    wait_for(lambda: (workdir / "started").exists() or p.poll() is not None, 20)
+    assert p.poll() is None, log_of(p)
+    return jid, workdir, p
+
+
+def test_sigterm_drains_a_running_job_back_to_ready_without_charging_it(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, _, p = start_serving(root, scripts, managers, SLEEPER)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0, log_of(p)
+    assert time.monotonic() - t0 < 5
+
+    info = job(root, jid)
+    assert info.state is State.READY, dump(root)
+    assert info.last["why"] == "interrupted"
+    assert info.last["try"] == 0  # the failure budget of the activation is intact
+    assert info.last["result"]["interrupted"] is True
+    assert info.last.get("not_before") is None and info.handle.marker.not_before == 0
+
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+
+
+def test_the_attempt_after_a_drain_is_an_unclean_restart(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, workdir, p = start_serving(root, scripts, managers, SLEEPER)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0, log_of(p)
+    assert managers.run(root) == 0
+    assert job(root, jid).state is State.SUCCEEDED
+    assert (workdir / "restart").read_text().split() == ["1", "1"]
+
+
+def test_a_second_sigterm_after_the_repeat_window_exits_at_once(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, workdir, p = start_serving(root, scripts, managers, STUBBORN, "--kill-grace", "60s")
+    first = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    wait_for(lambda: (workdir / "got-term").exists(), 10)
+    assert p.poll() is None, "the manager must wait for its attempt while draining"
+    # the spacing itself is under test: a repeat inside the window would be ignored
+    time.sleep(max(0.0, first + REPEAT_SIGNAL_WINDOW + 0.2 - time.monotonic()))
+    second = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    p.wait(10)
+    assert time.monotonic() - second < 4, log_of(p)
+    wait_for(lambda: not processes_of(root), 10)  # its attempt was killed with it
+
+    info = job(root, jid)
+    assert info.state is State.RUNNING, dump(root)  # left for a lease takeover
+    (workdir / "release").touch()
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+
+
+def test_two_sigterms_within_milliseconds_count_as_one(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, workdir, p = start_serving(root, scripts, managers, STUBBORN, "--kill-grace", "60s")
+    p.send_signal(signal.SIGTERM)
+    p.send_signal(signal.SIGTERM)
+    wait_for(lambda: (workdir / "got-term").exists(), 10)
+    with pytest.raises(AssertionError):
+        wait_for(lambda: p.poll() is not None, REPEAT_SIGNAL_WINDOW + 0.5)
+    (workdir / "release").touch()
+    assert p.wait(10) == 0, log_of(p)  # the drain finished: the attempt ended by itself
+    info = job(root, jid)
+    assert info.state is State.READY, dump(root)
+    assert info.last["why"] == "interrupted"
+
+
+def test_a_manager_killed_while_signalling_its_attempts_leaves_work_that_converges(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, _, p = start_serving(
+        root, scripts, managers, SLEEPER, env={"FLOW_CRASH_AT": "cancel.after_signal"}
+    )
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == -signal.SIGKILL, log_of(p)
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+
+
+def test_an_attempt_that_ignores_sigterm_is_killed_after_the_grace_and_not_charged(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, workdir, p = start_serving(root, scripts, managers, STUBBORN, "--kill-grace", "0.5s")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0, log_of(p)
+    assert time.monotonic() - t0 < 5
+    assert (workdir / "got-term").exists()
+    info = job(root, jid)
+    assert info.state is State.READY, dump(root)
+    assert info.last["why"] == "interrupted"
+    assert info.last["result"]["signal"] == signal.SIGKILL
+    assert info.last["try"] == 0

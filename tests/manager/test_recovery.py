@@ -1,0 +1,248 @@
+"""Work of a SIGKILLed manager is taken over by another manager on the same host, on evidence."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from helpers import wait_for
+
+from httk_flow.manager.launcher import group_alive, proc_start_time, process_alive
+from httk_flow.states import State
+
+from .support import (
+    Managers,
+    committed,
+    dump,
+    job,
+    log_of,
+    processes_of,
+    submit,
+    write_script,
+)
+
+#: the first attempt sleeps until killed; any later attempt succeeds at once
+SLEEPER = """
+if [ "$(bump main)" -eq 1 ]; then
+    touch "$FLOW_WORKDIR/started"
+    sleep 30
+fi
+publish '{"action":"succeed"}'
+"""
+
+#: step main waits for a `go` file, then advances; step two succeeds
+WAITS_FOR_GO = """
+case "$FLOW_STEP" in
+    main)
+        bump main > /dev/null
+        touch "$FLOW_WORKDIR/started"
+        while [ ! -e "$FLOW_WORKDIR/go" ]; do sleep 0.05; done
+        publish '{"action":"advance","step":"two"}'
+        ;;
+    two) publish '{"action":"succeed"}' ;;
+esac
+"""
+
+
+def orphaned_attempt(
+    root: str, scripts: Path, managers: Managers, body: str
+) -> tuple[str, Path, str]:
+    """A job whose manager was SIGKILLed while its first attempt runs on: (id, workdir, owner)."""
+    [jid] = submit(root, write_script(scripts, "job.sh", body))
+    first = managers.start(root, command="serve")
+    workdir = job(root, jid).job_dir(root) / "run"
+    wait_for(lambda: (workdir / "started").exists() or first.poll() is not None, 20)
+    assert first.poll() is None, log_of(first)
+    owner = job(root, jid).last["attempt"]["manager"]
+    first.kill()
+    first.wait()
+    assert job(root, jid).state is State.RUNNING
+    assert processes_of(root), "the attempt outlives its manager"
+    return jid, workdir, owner
+
+
+def test_a_killed_managers_running_job_is_recovered_by_another_manager(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, _, owner = orphaned_attempt(root, scripts, managers, SLEEPER)
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+    takeover = next(f for f in info.frames if f.get("to") == "committing")
+    assert takeover["by"] != owner
+    assert takeover["attempt"]["manager"] == owner
+    assert takeover["result"]["interrupted"] is True
+    assert info.frames[-1]["by"] != owner
+    assert not processes_of(root), "the orphaned attempt was stopped before the takeover"
+
+
+def test_a_running_takeover_records_process_gone_evidence_in_its_frame(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, _, owner = orphaned_attempt(root, scripts, managers, SLEEPER)
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    evidence = [f["evidence"] for f in info.frames if "evidence" in f]
+    assert evidence, dump(root)
+    assert evidence[0]["owner"] == owner
+    assert evidence[0]["evidence"] == "process_gone"
+
+
+def test_an_outcome_published_while_its_manager_was_dead_is_committed_not_rerun(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid, workdir, _ = orphaned_attempt(root, scripts, managers, WAITS_FOR_GO)
+    (workdir / "go").touch()
+    wait_for(lambda: not processes_of(root), 10)
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    assert committed(info) == [(1, "main", "advance"), (2, "two", "succeed")]
+    assert (workdir / "main.count").read_text().strip() == "1"
+
+
+def test_a_claim_of_a_killed_manager_is_released_with_its_evidence(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    [jid] = submit(root, write_script(scripts, "ok.sh", """publish '{"action":"succeed"}'\n"""))
+    first = managers.start(root, env={"FLOW_CRASH_AT": "claim.after_claim"})
+    assert first.wait(30) == -signal.SIGKILL, log_of(first)
+    owner = job(root, jid).last["attempt"]["manager"]
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    released = next(f for f in info.frames if f.get("why") == "released: owner gone")
+    assert released["evidence"]["owner"] == owner
+    assert released["evidence"]["evidence"] == "process_gone"
+    assert released["try"] == 0
+
+
+@contextlib.contextmanager
+def zombie(*, own_group: bool) -> Iterator[subprocess.Popen[bytes]]:
+    """A child that has exited but is not reaped yet."""
+    p = subprocess.Popen(["true"], process_group=0 if own_group else None)
+    try:
+        wait_for(lambda: _state(p.pid) == "Z", 10)
+        yield p
+    finally:
+        p.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        data = fh.read()
+    return data[data.rfind(b")") + 2 :].split()[0].decode()
+
+
+def test_an_exited_but_unreaped_process_is_not_alive() -> None:
+    with zombie(own_group=False) as p:
+        start = proc_start_time(p.pid)
+        assert start is not None
+        assert not process_alive(p.pid, start)
+
+
+def test_a_process_group_of_zombies_is_not_alive() -> None:
+    with zombie(own_group=True) as p:
+        assert not group_alive(p.pid)
+
+
+def test_a_live_process_is_alive_and_a_reused_pid_is_not() -> None:
+    start = proc_start_time(os.getpid())
+    assert start is not None
+    assert process_alive(os.getpid(), start)
+    assert not process_alive(os.getpid(), start + 1)
+    assert group_alive(os.getpgrp())
+
+
+#: like SLEEPER, but counting in the job directory, which isolated attempts share too
+SLEEPER_ANYWHERE = """
+n=$(cat "$FLOW_JOB_DIR/count" 2>/dev/null || echo 0)
+echo $((n + 1)) > "$FLOW_JOB_DIR/count"
+if [ "$n" -eq 0 ]; then
+    touch "$FLOW_JOB_DIR/started"
+    sleep 30
+fi
+publish '{"action":"succeed"}'
+"""
+
+
+def killed_remote_manager(root: str, scripts: Path, managers: Managers, **fields: Any) -> str:
+    """A job whose manager on another host (lease 1 s) was SIGKILLed while it ran."""
+    [jid] = submit(root, write_script(scripts, "job.sh", SLEEPER_ANYWHERE), **fields)
+    remote = managers.start(root, "--lease", "1s", command="serve", host="elsewhere")
+    started = job(root, jid).job_dir(root) / "started"
+    wait_for(lambda: started.exists() or remote.poll() is not None, 20)
+    assert remote.poll() is None, log_of(remote)
+    remote.kill()
+    remote.wait()
+    assert job(root, jid).last["attempt"]["host"] == "elsewhere"
+    return jid
+
+
+def test_an_isolated_job_of_a_silent_remote_manager_is_taken_over_after_the_lease(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid = killed_remote_manager(root, scripts, managers, workdir="isolated")
+    owner = job(root, jid).last["attempt"]["manager"]
+    assert managers.run(root, "--lease", "1s") == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+    takeover = next(f for f in info.frames if f.get("to") == "committing")
+    assert takeover["by"] != owner
+    # lease evidence: silent for longer than the takeover grace (2 x the 1 s lease)
+    heartbeat = Path(root) / ".flow" / "managers" / owner / "heartbeat.json"
+    assert takeover["t"] >= heartbeat.stat().st_mtime + 2 * 1.0
+
+
+def test_a_persistent_job_of_a_silent_remote_manager_is_not_taken_over_on_lease_alone(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    jid = killed_remote_manager(root, scripts, managers)
+    local = managers.start(root, "--lease", "1s", command="serve", quiet=False)
+    wait_for(lambda: "not taken over on lease age alone" in log_of(local), 20)
+    assert job(root, jid).state is State.RUNNING, dump(root)
+    local.terminate()
+    assert local.wait(10) == 0, log_of(local)
+    assert job(root, jid).state is State.RUNNING, dump(root)
+
+
+def heartbeat_of(root: str, pid: int) -> Path | None:
+    """The heartbeat file of the manager process `pid`, once it has written one."""
+    for path in (Path(root) / ".flow" / "managers").glob("*/heartbeat.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if orjson.loads(path.read_bytes())["pid"] == pid:
+                return path
+    return None
+
+
+def test_a_manager_that_once_looked_silent_is_still_recovered_promptly_when_it_dies(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    # the watcher serves another pool: it only recovers, it never runs the job itself
+    watcher = managers.start(root, "--lease", "1s", "--pool", "other", command="serve")
+    owner = managers.start(root, "--lease", "1s", "--pool", "p", command="serve")
+    beat = wait_for(lambda: heartbeat_of(root, owner.pid), 20)
+    assert isinstance(beat, Path)
+    # a stopped owner looks silent; the watcher sweeps, finds no work of it, clears it
+    owner.send_signal(signal.SIGSTOP)
+    time.sleep(4)  # nothing to observe: the sweep leaves no trace when it finds nothing
+    owner.send_signal(signal.SIGCONT)
+    before = beat.stat().st_mtime
+    wait_for(lambda: beat.stat().st_mtime > before, 10)
+
+    [jid] = submit(root, write_script(scripts, "job.sh", SLEEPER), pool="p")
+    started = job(root, jid).job_dir(root) / "run" / "started"
+    wait_for(lambda: started.exists(), 20)
+    owner.kill()
+    owner.wait()
+    wait_for(lambda: job(root, jid).state is State.READY, 8)
+    assert watcher.poll() is None, log_of(watcher)

@@ -1,0 +1,37 @@
+"""`flow run` exits 1 when a job it ran ended failed, and 0 otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .support import Managers, flow, submit, write_script
+
+
+def test_flow_run_exits_0_when_every_job_it_ran_succeeded(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    program = write_script(scripts, "ok.sh", "exit 0\n")
+    assert flow("-w", root, "submit", program).returncode == 0
+    submit(root, program, count=3)
+    assert managers.run(root) == 0
+
+
+def test_flow_run_exits_1_when_a_job_it_ran_failed(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    ok = write_script(scripts, "ok.sh", "exit 0\n")
+    bad = write_script(scripts, "bad.sh", "exit 7\n")
+    submit(root, ok, count=2)
+    assert flow("-w", root, "submit", "--retries", "0", bad).returncode == 0
+    assert managers.run(root) == 1
+
+
+def test_flow_run_exits_0_with_nothing_to_do_even_beside_an_old_failure(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    assert managers.run(root) == 0
+    submit(root, write_script(scripts, "bad.sh", "exit 7\n"), retries=0)
+    assert managers.run(root) == 1
+    assert managers.run(root) == 0  # the failed job is not one this manager ran
+    submit(root, write_script(scripts, "ok.sh", "exit 0\n"))
+    assert managers.run(root) == 0
