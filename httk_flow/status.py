@@ -93,3 +93,29 @@ def workspace_status(
     for reason, n in blocked:
         merged[reason] += n
     return StatusReport(ws.root, counts, managers, list(merged.items()), groups)
+
+
+class Throughput:
+    """Jobs finished per second over a sliding window, and the ETA of what remains."""
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = window
+        self._samples: list[tuple[float, int]] = []
+
+    def add(self, report: StatusReport, now: float) -> None:
+        done = sum(report.counts[s] for s in State if s.is_terminal)
+        self._samples.append((now, done))
+        while len(self._samples) > 2 and now - self._samples[0][0] > self.window:
+            self._samples.pop(0)
+
+    @property
+    def rate(self) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, d0), (t1, d1) = self._samples[0], self._samples[-1]
+        return max(0.0, (d1 - d0) / (t1 - t0)) if t1 > t0 else 0.0
+
+    def eta(self, report: StatusReport) -> float | None:
+        remaining = sum(report.counts[s] for s in State if not s.is_terminal)
+        r = self.rate
+        return remaining / r if r > 0 and remaining else None

@@ -9,9 +9,9 @@ import click
 
 from httk_flow import jobs
 from httk_flow.cli.app import App
-from httk_flow.durations import format_duration
+from httk_flow.durations import format_duration, parse_duration
 from httk_flow.states import State
-from httk_flow.status import GroupBy, workspace_status
+from httk_flow.status import GroupBy, StatusReport, Throughput, workspace_status
 
 STATE_NAMES = [s.value for s in State]
 
@@ -166,10 +166,22 @@ def register(cli: click.Group) -> None:
         show_default=True,
     )
     @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+    @click.option(
+        "--watch",
+        "watch",
+        default=None,
+        is_flag=False,
+        flag_value="2",
+        metavar="[SECONDS]",
+        help="Refresh a live view every SECONDS (default 2).",
+    )
     @workspace_option
     @click.pass_obj
-    def status(app: App, /, by: GroupBy, as_json: bool) -> None:
+    def status(app: App, /, by: GroupBy, as_json: bool, watch: str | None) -> None:
         """Counts per state, live managers and blocked reasons."""
+        if watch is not None:
+            _watch(app, by, parse_duration(watch, "--watch"))
+            return
         r = workspace_status(app.ws, by=by)
         if as_json:
             doc: dict[str, Any] = {
@@ -221,3 +233,39 @@ def register(cli: click.Group) -> None:
             )
         for why, n in r.blocked:
             app.echo(f"blocked: {n} job{'s' * (n != 1)}: {why}")
+
+
+def _watch(app: App, by: GroupBy, every: float) -> None:
+    """A live view: counts, managers, throughput and ETA, until Ctrl-C."""
+    import time
+
+    from rich.live import Live
+    from rich.table import Table
+
+    tp = Throughput()
+
+    def render(r: StatusReport) -> Table:
+        eta = tp.eta(r)
+        t = Table(
+            title=f"{r.workspace}: {r.total} jobs, {len(r.live_managers)} live managers, "
+            f"{tp.rate:.1f} jobs/s" + (f", ETA {format_duration(eta)}" if eta else ""),
+            title_justify="left",
+        )
+        t.add_column("state")
+        t.add_column("jobs", justify="right")
+        for s in State:
+            if r.counts[s]:
+                t.add_row(s.value, str(r.counts[s]))
+        for why, n in r.blocked:
+            t.add_row(f"blocked: {why}", str(n))
+        return t
+
+    try:
+        with Live(console=app.console(), auto_refresh=False) as live:
+            while True:
+                r = workspace_status(app.ws, by=by)
+                tp.add(r, time.monotonic())
+                live.update(render(r), refresh=True)
+                time.sleep(every)
+    except KeyboardInterrupt:
+        pass

@@ -5,7 +5,16 @@ from __future__ import annotations
 import click
 
 from httk_flow import __version__
-from httk_flow.cli import cmd_demo, cmd_init, cmd_ops, cmd_read, cmd_serve, cmd_steer, cmd_submit
+from httk_flow.cli import (
+    cmd_demo,
+    cmd_fsck,
+    cmd_init,
+    cmd_ops,
+    cmd_read,
+    cmd_serve,
+    cmd_steer,
+    cmd_submit,
+)
 from httk_flow.cli.app import App
 from httk_flow.cli.options import FlowGroup, workspace_option
 
@@ -32,5 +41,5 @@ def main() -> None:
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
-for _mod in (cmd_demo, cmd_init, cmd_ops, cmd_read, cmd_serve, cmd_steer, cmd_submit):
+for _mod in (cmd_demo, cmd_fsck, cmd_init, cmd_ops, cmd_read, cmd_serve, cmd_steer, cmd_submit):
     _mod.register(cli)

@@ -1,0 +1,79 @@
+"""`flow fsck` and `flow gc`."""
+
+from __future__ import annotations
+
+import click
+
+from httk_flow.cli.app import App
+from httk_flow.fsck import Fsck
+from httk_flow.gc import collect
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def register(cli: click.Group) -> None:
+    from httk_flow.cli.options import workspace_option
+
+    @cli.command("fsck")
+    @click.option("--repair", is_flag=True, help="Fix what is provably safe to fix.")
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+    @workspace_option
+    @click.pass_obj
+    def fsck(app: App, /, repair: bool, as_json: bool) -> None:
+        """Check markers, payloads and journal agree: exit 0 clean, 1 problems found."""
+        r = Fsck(app.ws, repair=repair).run()
+        if as_json:
+            app.json(
+                {
+                    "clean": r.clean,
+                    "markers": r.markers,
+                    "payloads": r.payloads,
+                    "segments": r.segments,
+                    "problems": [p.to_json() for p in r.problems],
+                }
+            )
+        else:
+            app.echo(
+                f"checked {r.markers} markers, {r.payloads} payloads, {r.segments} journal segments"
+            )
+            for p in r.problems:
+                mark = "repaired" if p.repaired else "problem"
+                app.echo(f"{mark}: {p.kind}: {p.obj}: {p.message}")
+            if not r.problems:
+                app.echo("clean")
+            elif not r.clean and not repair:
+                app.echo("run `flow fsck --repair` to fix what is safe to fix")
+        raise SystemExit(0 if r.clean else 1)
+
+    @cli.command("gc")
+    @click.option("--dry-run", is_flag=True, help="Only list what would be collected.")
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+    @workspace_option
+    @click.pass_obj
+    def gc(app: App, /, dry_run: bool, as_json: bool) -> None:
+        """Collect old attempt directories and journal segments per the retention policy."""
+        r = collect(app.ws, dry_run=dry_run)
+        if as_json:
+            app.json(
+                {
+                    "dry_run": dry_run,
+                    "bytes": r.bytes,
+                    "kept_segments": r.kept_segments,
+                    "collected": [i.to_json() for i in r.items],
+                }
+            )
+            return
+        verb = "would collect" if dry_run else "collected"
+        for i in r.items:
+            app.echo(f"{verb}: {i.kind} {i.path} ({_human(i.bytes)})")
+        app.echo(
+            f"{verb} {len(r.items)} item(s), {_human(r.bytes)}; "
+            f"kept {r.kept_segments} journal segment(s)"
+        )
