@@ -1,4 +1,4 @@
-"""Durations as users write them: 90, 90s, 15m, 2h, 1d, 1h30m, or Slurm's [D-]HH:MM:SS."""
+"""Durations as users write them: 90, 90s, 15m, 2h, 1d, 1h30m, or a batch system's [D-]HH:MM:SS."""
 
 from __future__ import annotations
 

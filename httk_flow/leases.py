@@ -41,6 +41,8 @@ class ManagerInfo:
     lease: float = 30.0
     #: /proc start time of the manager process, so a reused pid is not taken for it
     start_time: int = 0
+    #: the token of the allocation this manager runs in ("" outside one)
+    allocation: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
@@ -59,6 +61,7 @@ class ManagerInfo:
                 "ends_at": self.ends_at,
                 "lease": self.lease,
                 "start_time": self.start_time,
+                "allocation": self.allocation,
                 **self.extra,
             }
         )
@@ -81,6 +84,7 @@ class ManagerInfo:
                 ends_at=float(d["ends_at"]) if d.get("ends_at") is not None else None,
                 lease=float(d.get("lease", 30.0)),
                 start_time=int(d.get("start_time", 0)),
+                allocation=str(d.get("allocation", "")),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise FlowError(f"is not a valid heartbeat ({e})", obj=where) from None

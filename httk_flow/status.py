@@ -89,6 +89,11 @@ def workspace_status(
             )
     if backoff:
         blocked.append(("waiting out a retry backoff", backoff))
+    from httk_flow.allocations import AllocationStore  # lazy: allocations reads status
+
+    paused = AllocationStore(ws).paused()
+    if paused and counts[State.READY]:
+        blocked.append((f"allocation queue paused: {paused}", counts[State.READY]))
     merged: Counter[str] = Counter()
     for reason, n in blocked:
         merged[reason] += n

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "httk_flow"
 #: protocol internals the CLI must reach only through the package's public functions
@@ -79,3 +80,22 @@ def test_the_manager_never_imports_the_cli() -> None:
 def test_no_module_grows_past_five_hundred_lines() -> None:
     long = [(p.name, n) for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500]
     assert long == []
+
+
+#: words that name a batch system; only its backend package may use them
+SCHEDULER_WORDS = ("slurm", "sbatch", "squeue", "scancel", "scontrol", "sacct", "srun", "partition")
+
+
+def test_no_scheduler_is_named_outside_its_backend_package() -> None:
+    backend = PKG / "backends" / "slurm"
+    offenders = []
+    for p in PKG.rglob("*"):
+        if not p.is_file() or p.suffix not in (".py", ".sh") or backend in p.parents:
+            continue
+        text = p.read_text(errors="replace").lower()
+        offenders += [
+            (str(p.relative_to(PKG)), w)
+            for w in SCHEDULER_WORDS
+            if re.search(rf"(?<![a-z.]){w}(?!\()", text)
+        ]
+    assert offenders == []

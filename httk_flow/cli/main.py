@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from httk_flow import __version__
+from httk_flow.backends import commands as backend_commands
 from httk_flow.cli import (
+    cmd_alloc,
     cmd_demo,
     cmd_fsck,
     cmd_init,
@@ -41,5 +43,18 @@ def main() -> None:
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
-for _mod in (cmd_demo, cmd_fsck, cmd_init, cmd_ops, cmd_read, cmd_serve, cmd_steer, cmd_submit):
+for _mod in (
+    cmd_alloc,
+    cmd_alloc,
+    cmd_demo,
+    cmd_fsck,
+    cmd_init,
+    cmd_ops,
+    cmd_read,
+    cmd_serve,
+    cmd_steer,
+    cmd_submit,
+):
     _mod.register(cli)
+for _command in backend_commands():
+    cli.add_command(_command)

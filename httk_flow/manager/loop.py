@@ -100,6 +100,7 @@ class Manager:
             ends_at=self.config.ends_at,
             lease=self.lease,
             start_time=self._start_time,
+            allocation=os.environ.get("FLOW_ALLOCATION_TOKEN", ""),
         )
 
     def heartbeat(self, force: bool = False) -> None:
@@ -193,7 +194,7 @@ class Manager:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         now = time.monotonic()
         if self._signals and now - self._signals[-1] < REPEAT_SIGNAL_WINDOW:
-            return  # Slurm may deliver the walltime TERM twice within milliseconds
+            return  # a batch system may deliver its walltime TERM twice within milliseconds
         self._signals.append(now)
         if len(self._signals) == 1:
             self.begin_drain(f"signal {signal.Signals(signum).name}")

@@ -1,0 +1,455 @@
+"""The allocation reconciler: manager allocations kept matched to the queued work.
+
+Desired state (from the queue) against observed state (from the backend), one idempotent
+step per allocation per tick. A record is written before every submission and carries a
+token minted before it, so a crash or an unknown answer is resolved by asking the
+backend for the token, never by submitting blindly again.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+
+import orjson
+
+from httk_flow.backends.base import (
+    AllocationBackend,
+    AllocationRequest,
+    BackendUnavailable,
+    Outcome,
+    Phase,
+)
+from httk_flow.errors import FlowError, UsageError
+from httk_flow.fsio import atomic_write, fs
+from httk_flow.leases import read_managers
+from httk_flow.names import to36
+from httk_flow.states import State
+from httk_flow.status import workspace_status
+from httk_flow.workspace import Workspace
+
+#: the environment variable through which a manager learns its allocation's token
+TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"
+#: failures in a row (allocations that never ran) before the queue is paused
+PAUSE_AFTER = 3
+
+
+class AllocPhase(enum.Enum):
+    REQUESTED = "requested"  # record written, submission not (known to be) made
+    UNKNOWN = "unknown"  # submitted with no definite answer: ask by token next
+    PENDING = "pending"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def active(self) -> bool:
+        return self in (
+            AllocPhase.REQUESTED,
+            AllocPhase.UNKNOWN,
+            AllocPhase.PENDING,
+            AllocPhase.RUNNING,
+        )
+
+    @property
+    def ended(self) -> bool:
+        return self in (AllocPhase.DONE, AllocPhase.FAILED, AllocPhase.CANCELLED)
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    token: str
+    backend: str
+    phase: AllocPhase
+    created: float
+    updated: float
+    handle: str | None = None
+    reason: str = ""
+    ran: bool = False  # it was seen running at least once
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["phase"] = self.phase.value
+        return orjson.dumps(d)
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> AllocationRecord:
+        try:
+            d = orjson.loads(raw)
+            return cls(
+                str(d["token"]),
+                str(d["backend"]),
+                AllocPhase(d["phase"]),
+                float(d["created"]),
+                float(d["updated"]),
+                d.get("handle"),
+                str(d.get("reason", "")),
+                bool(d.get("ran", False)),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise FlowError(f"is not an allocation record ({e})", obj=where) from None
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    max: int = 4
+    min: int = 0
+    jobs_per_manager: int = 100
+    serve_args: tuple[str, ...] = ()
+    time: float | None = None
+    drain: float = 120.0
+    extra_args: tuple[str, ...] = ()
+    backoff_base: float = 30.0
+
+
+@dataclass
+class TickReport:
+    desired: int = 0
+    active: int = 0
+    submitted: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    unavailable: str = ""
+    paused: str = ""
+
+
+class AllocationStore:
+    """`.flow/allocations/<token>.json`, one record per allocation."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+        self.dir = os.path.join(ws.flow, "allocations")
+
+    def path(self, token: str) -> str:
+        return os.path.join(self.dir, f"{token}.json")
+
+    def save(self, rec: AllocationRecord) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        atomic_write(self.path(rec.token), rec.to_json(), durable=True)
+
+    def load_all(self) -> list[AllocationRecord]:
+        out: list[AllocationRecord] = []
+        try:
+            entries = list(fs.scandir(self.dir))
+        except FileNotFoundError:
+            return out
+        for e in entries:
+            if not e.name.endswith(".json") or not e.is_file(follow_symlinks=False):
+                continue
+            if e.name in ("paused.json",):
+                continue
+            try:
+                out.append(AllocationRecord.from_json(fs.read_bytes(e.path, 65536), e.path))
+            except (OSError, FlowError):
+                continue
+        out.sort(key=lambda r: r.created)
+        return out
+
+    def paused(self) -> str | None:
+        try:
+            return str(
+                orjson.loads(fs.read_bytes(os.path.join(self.dir, "paused.json"), 65536)).get(
+                    "reason", "paused"
+                )
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
+            return "paused (unreadable reason)"
+
+    def pause(self, reason: str) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        atomic_write(
+            os.path.join(self.dir, "paused.json"),
+            orjson.dumps({"reason": reason, "since": time.time()}),
+            durable=True,
+        )
+
+    def unpause(self) -> bool:
+        try:
+            os.unlink(os.path.join(self.dir, "paused.json"))
+            return True
+        except FileNotFoundError:
+            return False
+
+
+class ReconcilerLease:
+    """Only one reconciler acts on a workspace: a lease file renewed every tick."""
+
+    def __init__(self, ws: Workspace, owner: str, ttl: float) -> None:
+        self.path = os.path.join(ws.flow, "allocations", "reconciler.lease")
+        self.owner = owner
+        self.ttl = ttl
+
+    def acquire(self) -> bool:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        data = orjson.dumps({"owner": self.owner, "pid": os.getpid(), "t": time.time()})
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return True
+        except FileExistsError:
+            pass
+        try:
+            raw = fs.read_bytes(self.path, 4096)
+            holder = orjson.loads(raw).get("owner")
+            age = time.time() - os.stat(self.path).st_mtime
+        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
+            holder, age = None, self.ttl + 1
+        if holder == self.owner:
+            atomic_write(self.path, data, durable=False)
+            return True
+        if age <= self.ttl:
+            return False
+        # a stale lease: whoever renames it away first takes over
+        stale = f"{self.path}.{self.owner}"
+        try:
+            os.rename(self.path, stale)
+        except FileNotFoundError:
+            return False
+        os.unlink(stale)
+        return self.acquire()
+
+    def release(self) -> None:
+        try:
+            raw = fs.read_bytes(self.path, 4096)
+            if orjson.loads(raw).get("owner") == self.owner:
+                os.unlink(self.path)
+        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
+            pass
+
+
+class Reconciler:
+    def __init__(
+        self,
+        ws: Workspace,
+        backend: AllocationBackend,
+        settings: ScaleSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.backend = backend
+        self.settings = settings
+        self.clock = clock
+        self.store = AllocationStore(ws)
+        self.owner = "r" + to36(secrets.randbits(40))
+        #: a test seam: called with "after_submit" between the backend's answer and the
+        #: record that stores it, to model a crash there
+        self.fault = fault
+
+    # -- desired -----------------------------------------------------------------
+
+    def desired(self) -> tuple[int, int]:
+        """(allocations wanted, jobs that want a manager now)."""
+        r = workspace_status(self.ws)
+        queued = r.counts[State.SUBMITTED] + r.counts[State.READY]
+        active = sum(r.counts[s] for s in State if s.is_active)
+        work = queued + active
+        s = self.settings
+        want = math.ceil(work / max(1, s.jobs_per_manager)) if work else 0
+        return max(s.min, min(s.max, want)), queued
+
+    # -- one tick ------------------------------------------------------------------
+
+    def tick(self) -> TickReport:
+        report = TickReport()
+        records = [r for r in self.store.load_all() if r.backend == self.backend.name]
+        try:
+            records = self._observe(records, report)
+        except BackendUnavailable as e:
+            report.unavailable = e.render()
+            return report  # an unavailable scheduler moves no state
+        want, queued = self.desired()
+        report.desired = want
+        active = [r for r in records if r.phase.active]
+        report.active = len(active)
+        paused = self.store.paused()
+        if paused is None:
+            paused = self._failures(records)
+        report.paused = paused or ""
+        if len(active) < want and not paused and not self._backing_off(records):
+            for _ in range(want - len(active)):
+                rec = self._new()
+                report.submitted.append(rec.token)
+                self._submit(rec, report)
+        elif len(active) > want:
+            self._shrink(active, len(active) - want, queued, report)
+        return report
+
+    def _put(self, rec: AllocationRecord, **changes: object) -> AllocationRecord:
+        new = replace(rec, updated=self.clock(), **changes)  # type: ignore[arg-type]
+        self.store.save(new)
+        return new
+
+    def _new(self) -> AllocationRecord:
+        now = self.clock()
+        rec = AllocationRecord(
+            "a" + secrets.token_hex(8), self.backend.name, AllocPhase.REQUESTED, now, now
+        )
+        self.store.save(rec)  # the record exists before the submission does
+        return rec
+
+    def _request(self, rec: AllocationRecord) -> AllocationRequest:
+        s = self.settings
+        return AllocationRequest(
+            self.ws.root,
+            rec.token,
+            s.serve_args,
+            s.time,
+            s.drain,
+            s.extra_args,
+            os.path.join(self.ws.flow, "allocations", "logs"),
+        )
+
+    def _submit(self, rec: AllocationRecord, report: TickReport) -> AllocationRecord:
+        try:
+            res = self.backend.submit(self._request(rec))
+        except BackendUnavailable as e:
+            return self._put(rec, phase=AllocPhase.UNKNOWN, reason=e.render())
+        if self.fault is not None:
+            self.fault("after_submit")
+        if res.outcome in (Outcome.CREATED, Outcome.EXISTING):
+            return self._put(rec, phase=AllocPhase.PENDING, handle=res.handle, reason="")
+        if res.outcome is Outcome.REJECTED:
+            return self._put(rec, phase=AllocPhase.FAILED, reason=res.reason)
+        return self._put(rec, phase=AllocPhase.UNKNOWN, reason=res.reason)
+
+    def _observe(
+        self, records: list[AllocationRecord], report: TickReport
+    ) -> list[AllocationRecord]:
+        out = []
+        for rec in records:
+            if rec.phase in (AllocPhase.REQUESTED, AllocPhase.UNKNOWN):
+                # never submit again without asking whether the first one exists
+                handle = self.backend.find_by_token(self.ws.root, rec.token)
+                if handle is not None:
+                    rec = self._put(
+                        rec, phase=AllocPhase.PENDING, handle=handle, reason="adopted by token"
+                    )
+                    report.adopted.append(rec.token)
+                else:
+                    rec = self._submit(rec, report)
+            out.append(rec)
+        handles = [r.handle for r in out if r.handle and not r.phase.ended]
+        seen = self.backend.observe(handles) if handles else {}
+        # a manager that heartbeated from an allocation proves the allocation ran
+        served = {lv.info.allocation for lv in read_managers(self.ws) if lv.info.allocation}
+        final = []
+        for rec in out:
+            obs = seen.get(rec.handle or "")
+            if rec.token in served and not rec.ran:
+                rec = self._put(rec, ran=True)
+            if obs is not None and not rec.phase.ended:
+                rec = self._apply(rec, obs.phase, obs.reason)
+            final.append(rec)
+        return final
+
+    def _apply(self, rec: AllocationRecord, phase: Phase, reason: str) -> AllocationRecord:
+        if rec.phase is AllocPhase.CANCELLING:
+            if phase in (Phase.DONE, Phase.FAILED, Phase.UNKNOWN):
+                return self._put(rec, phase=AllocPhase.CANCELLED, reason=reason)
+            return rec
+        target = {
+            Phase.PENDING: AllocPhase.PENDING,
+            Phase.RUNNING: AllocPhase.RUNNING,
+            Phase.DONE: AllocPhase.DONE,
+            Phase.FAILED: AllocPhase.FAILED,
+            Phase.UNKNOWN: AllocPhase.DONE if rec.ran else AllocPhase.FAILED,
+        }[phase]
+        if target is rec.phase:
+            return rec
+        ran = rec.ran or phase is Phase.RUNNING
+        if target is AllocPhase.DONE and not ran:
+            target = AllocPhase.FAILED
+            reason = reason or "ended without ever running"
+        return self._put(rec, phase=target, ran=ran, reason=reason)
+
+    def _recent_failures(self, records: list[AllocationRecord]) -> list[AllocationRecord]:
+        """Failed allocations since the last one that ran (newest last)."""
+        streak: list[AllocationRecord] = []
+        for rec in sorted(records, key=lambda r: r.updated):
+            if rec.phase is AllocPhase.FAILED and not rec.ran:
+                streak.append(rec)
+            elif rec.ran:
+                streak = []
+        return streak
+
+    def _failures(self, records: list[AllocationRecord]) -> str | None:
+        streak = self._recent_failures(records)
+        if len(streak) >= PAUSE_AFTER:
+            reason = (
+                f"{len(streak)} allocations in a row failed to start; last: "
+                f"{streak[-1].reason or 'no reason given'}; after fixing the cause "
+                "run `flow scale --unpause`"
+            )
+            self.store.pause(reason)
+            return reason
+        return None
+
+    def _backing_off(self, records: list[AllocationRecord]) -> bool:
+        streak = self._recent_failures(records)
+        if not streak:
+            return False
+        wait = self.settings.backoff_base * 2.0 ** (len(streak) - 1)
+        return bool(self.clock() < streak[-1].updated + wait)
+
+    def _shrink(
+        self, active: list[AllocationRecord], surplus: int, queued: int, report: TickReport
+    ) -> None:
+        """Cancel allocations no longer needed: unstarted ones first, then idle managers.
+
+        Every victim is marked cancelling before any is cancelled (one ordered barrier),
+        so a crash in between leaves intent on disk and nothing half done."""
+        busy = {
+            lv.info.allocation
+            for lv in read_managers(self.ws)
+            if lv.alive and (lv.info.running or lv.info.draining)
+        }
+        order = sorted(active, key=lambda r: (r.phase is AllocPhase.RUNNING, -r.created))
+        victims = [r for r in order if r.token not in busy][:surplus]
+        if queued and not victims:
+            return
+        marked = [
+            self._put(r, phase=AllocPhase.CANCELLING, reason="no longer needed") for r in victims
+        ]
+        for rec in marked:
+            if rec.handle:
+                self.backend.cancel(rec.handle)
+            report.cancelled.append(rec.token)
+
+    def run(
+        self,
+        *,
+        interval: float,
+        once: bool,
+        on_tick: Callable[[TickReport], None] | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> TickReport:
+        lease = ReconcilerLease(self.ws, self.owner, ttl=max(30.0, 3 * interval))
+        report = TickReport()
+        try:
+            while True:
+                if not lease.acquire():
+                    raise UsageError(
+                        "another `flow scale` is reconciling this workspace",
+                        obj="flow scale",
+                        hint="stop it first, or wait",
+                    )
+                report = self.tick()
+                if on_tick:
+                    on_tick(report)
+                if once or should_stop():
+                    return report
+                time.sleep(interval)
+        finally:
+            lease.release()
