@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from httk_flow import backends
 from httk_flow.cli.app import App
 from httk_flow.durations import parse_duration
 from httk_flow.errors import UsageError
@@ -81,6 +82,9 @@ def _config(
     ends = []
     if walltime:
         ends.append(time.time() + parse_duration(walltime, "--walltime"))
+    alloc_end = backends.current_allocation_end()
+    if alloc_end is not None:
+        ends.append(alloc_end)
     env_end = os.environ.get(ALLOCATION_END_ENV)
     if env_end:
         try:
