@@ -37,6 +37,8 @@ from httk_flow.workspace import Workspace
 TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"
 #: failures in a row (allocations that never ran) before the queue is paused
 PAUSE_AFTER = 3
+#: when the queue was last unpaused: failures before it do not count again
+UNPAUSED = "unpaused.json"
 
 
 class AllocPhase(enum.Enum):
@@ -143,7 +145,7 @@ class AllocationStore:
         for e in entries:
             if not e.name.endswith(".json") or not e.is_file(follow_symlinks=False):
                 continue
-            if e.name in ("paused.json",):
+            if e.name in ("paused.json", UNPAUSED):
                 continue
             try:
                 out.append(AllocationRecord.from_json(fs.read_bytes(e.path, 65536), e.path))
@@ -173,11 +175,25 @@ class AllocationStore:
         )
 
     def unpause(self) -> bool:
+        # failures before this moment no longer count towards a new pause
+        os.makedirs(self.dir, exist_ok=True)
+        atomic_write(
+            os.path.join(self.dir, UNPAUSED), orjson.dumps({"since": time.time()}), durable=True
+        )
         try:
             os.unlink(os.path.join(self.dir, "paused.json"))
             return True
         except FileNotFoundError:
             return False
+
+    def unpaused_at(self) -> float:
+        """When the queue was last unpaused (0 if never)."""
+        try:
+            return float(
+                orjson.loads(fs.read_bytes(os.path.join(self.dir, UNPAUSED), 4096))["since"]
+            )
+        except (OSError, FlowError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return 0.0  # never unpaused (or unreadable): every failure counts
 
 
 class ReconcilerLease:
@@ -375,9 +391,12 @@ class Reconciler:
         return self._put(rec, phase=target, ran=ran, reason=reason)
 
     def _recent_failures(self, records: list[AllocationRecord]) -> list[AllocationRecord]:
-        """Failed allocations since the last one that ran (newest last)."""
+        """Failed allocations since the last one that ran or the last unpause (newest last)."""
         streak: list[AllocationRecord] = []
+        since = self.store.unpaused_at()
         for rec in sorted(records, key=lambda r: r.updated):
+            if rec.updated <= since:
+                continue
             if rec.phase is AllocPhase.FAILED and not rec.ran:
                 streak.append(rec)
             elif rec.ran:
@@ -422,9 +441,15 @@ class Reconciler:
         marked = [
             self._put(r, phase=AllocPhase.CANCELLING, reason="no longer needed") for r in victims
         ]
-        for rec in marked:
+        for before, rec in zip(victims, marked, strict=True):
             if rec.handle:
-                self.backend.cancel(rec.handle)
+                try:
+                    self.backend.cancel(rec.handle)
+                except BackendUnavailable as e:
+                    # not (known to be) sent: back as it was, the next tick tries again
+                    report.unavailable = e.render()
+                    self._put(rec, phase=before.phase, reason=f"cancel not sent: {e.render()}")
+                    continue
             report.cancelled.append(rec.token)
 
     def run(

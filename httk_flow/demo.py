@@ -23,7 +23,7 @@ step_prepare() {
 }
 step_compute() {
     local s; s=$(flow_param scale)
-    sleep 0.2
+    sleep 0.5  # the "simulation"
     echo "energy $(( s * s - 7 * s ))" > output.txt
     flow_advance collect
 }

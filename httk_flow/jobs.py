@@ -50,7 +50,10 @@ def register(
 
     A manager passes `specs` to keep the parsed definition for its claim a moment later.
     """
-    frame = current_frame(ws, job)
+    try:
+        frame = current_frame(ws, job)
+    except FlowError as e:
+        return fail(ws, job, {}, "protocol_error", e.render(), actor=actor)
     try:
         spec = load_spec(ws, job.placement, job.key)
         if spec.program.digest and not fs.exists(ws.program_path(spec.program.digest)):

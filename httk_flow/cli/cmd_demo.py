@@ -24,20 +24,28 @@ def register(cli: click.Group) -> None:
     def demo_cmd(app: App, /, path: str, workers: int) -> None:
         """Build a workspace with an example campaign in PATH and run it."""
         if app.is_terminal:
+            from rich.console import Group
             from rich.live import Live
-            from rich.table import Table
+            from rich.panel import Panel
+            from rich.progress_bar import ProgressBar
+            from rich.text import Text
 
-            def table(r: StatusReport, elapsed: float) -> Table:
-                t = Table(title=f"flow demo: {r.workspace}  ({elapsed:.1f}s)", title_justify="left")
-                t.add_column("state")
-                t.add_column("jobs", justify="right")
-                for s in State:
-                    if r.counts[s] or s in (State.READY, State.RUNNING, State.SUCCEEDED):
-                        t.add_row(s.value, str(r.counts[s]))
-                return t
+            def view(r: StatusReport, elapsed: float) -> Panel:
+                done = sum(r.counts[s] for s in State if s.is_terminal)
+                shown = [s for s in State if r.counts[s]] or [State.READY]
+                states = Text.from_markup(
+                    "   ".join(f"[bold]{r.counts[s]}[/] {s.value}" for s in shown)
+                )
+                bar = ProgressBar(total=max(1, r.total), completed=done, width=60)
+                return Panel(
+                    Group(states, bar),
+                    title=f"flow demo: {done}/{r.total} jobs done in {elapsed:.1f}s",
+                    subtitle=r.workspace,
+                    expand=False,
+                )
 
             with Live(console=app.console(), refresh_per_second=8) as live:
-                res = demo.run(path, workers=workers, on_tick=lambda r, e: live.update(table(r, e)))
+                res = demo.run(path, workers=workers, on_tick=lambda r, e: live.update(view(r, e)))
         else:
             last = [0.0]
 

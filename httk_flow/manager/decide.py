@@ -11,6 +11,9 @@ from httk_flow.journal import Frame
 from httk_flow.outcome import Action, ChildDef, Outcome
 from httk_flow.states import State
 
+#: uncharged interruptions of one job before it is failed rather than restarted forever
+MAX_INTERRUPTIONS = 20
+
 
 @dataclass(frozen=True)
 class Ending:
@@ -68,6 +71,7 @@ def decide(
     act = int(frame.get("act", 1))
     tried = int(frame.get("try", 1))
     tries = int(frame.get("tries", 1))
+    intr = int(frame.get("intr", 0))
 
     def failed(code: str, message: str) -> Decision:
         failure = {"code": code, "message": message, "retryable": code == "budget_exhausted"}
@@ -75,8 +79,16 @@ def decide(
 
     def again(why: str, *, charged: bool) -> Decision:
         if not charged:
-            return Decision(State.READY, why, {"try": max(0, tried - 1), "last": why})
-        if tried > spec.retries or tries >= spec.max_attempts:
+            if intr + 1 >= MAX_INTERRUPTIONS:
+                return failed(
+                    "interrupted_too_often",
+                    f"step {step} was interrupted {intr + 1} times (managers stopped or "
+                    "died under it); resume it once the cause is understood",
+                )
+            body = {"try": max(0, tried - 1), "intr": intr + 1, "last": why}
+            return Decision(State.READY, why, body)
+        # interruptions are not the job's fault: they count against no budget
+        if tried > spec.retries or tries - intr >= spec.max_attempts:
             budget = "retries" if tried > spec.retries else "max_attempts"
             return failed(
                 "budget_exhausted",
