@@ -22,7 +22,7 @@ from httk_flow.errors import FlowError, UsageError
 from httk_flow.jobs import load_spec
 from httk_flow.journal import iter_segment
 from httk_flow.states import State
-from httk_flow.transition import JobHandle
+from httk_flow.transition import JobHandle, locate_key
 from httk_flow.workspace import FLOW_DIR, Workspace
 
 #: a temporary or unreferenced payload younger than this may belong to a live operation
@@ -115,6 +115,8 @@ class Fsck:
             if len(hs) > 1:
                 hs.sort(key=lambda h: h.marker.generation)
                 for old in hs[:-1]:
+                    if not os.path.lexists(old.path(self.ws)):
+                        continue  # the job moved during the walk: seen twice, not duplicated
                     self._problem(
                         "duplicate_marker",
                         f"job {key}",
@@ -125,7 +127,9 @@ class Fsck:
                     )
 
     def _bad_entry(self, path: str, why: str) -> None:
-        self._problem("bad_entry", path, why, fix=path)
+        # a directory we cannot list may hold live markers: report it, never move it
+        is_dir = os.path.isdir(path) and not os.path.islink(path)
+        self._problem("bad_entry", path, why, fix=None if is_dir else path)
 
     def _marker(self, h: JobHandle) -> None:
         try:
@@ -154,6 +158,8 @@ class Fsck:
             age = self.now - _mtime(path)
             if age < GRACE:
                 continue  # perhaps a submission or a commit in progress
+            if locate_key(self.ws, _placement, key) is not None:
+                continue  # it moved to a state already walked while we walked
             self._problem(
                 "orphan_payload",
                 path,

@@ -16,10 +16,11 @@ from filelock import FileLock, Timeout
 
 from httk_flow.discovery import walk_all
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.journal import segment_name
+from httk_flow.journal import iter_segment, segment_name
 from httk_flow.leases import read_managers
 from httk_flow.names import RecordRef
 from httk_flow.states import State
+from httk_flow.transition import locate_key
 from httk_flow.workspace import Workspace
 
 DAY = 86400.0
@@ -103,7 +104,10 @@ def _attempts(ws: Workspace, report: GcReport, now: float) -> None:
                 continue
             adir = os.path.join(ws.job_dir(h.placement, h.key), "attempts")
             try:
-                names = sorted(n for n in os.listdir(adir) if n.startswith("a"))
+                names = sorted(
+                    (n for n in os.listdir(adir) if n[:1] == "a" and n[1:].isdigit()),
+                    key=lambda n: int(n[1:]),
+                )
             except OSError:
                 continue
             for n in names[:-1]:  # the last attempt stays for `flow logs`
@@ -140,6 +144,9 @@ def _segments(ws: Workspace, report: GcReport, now: float) -> None:
             if (w.name, n) in reachable or os.lstat(path).st_mtime > horizon:
                 report.kept_segments += 1
                 continue
+            if _still_reached(ws, w.name, n, path):
+                report.kept_segments += 1  # a job moved while we walked: it still needs it
+                continue
             _remove(report, "journal_segment", path, is_dir=False)
         if (
             not report.dry_run
@@ -150,6 +157,27 @@ def _segments(ws: Workspace, report: GcReport, now: float) -> None:
                 os.rmdir(w.path)
             except OSError:
                 pass
+
+
+def _still_reached(ws: Workspace, writer: str, segment: int, path: str) -> bool:
+    """Look again at every job with a frame in this segment, from its current marker."""
+    jobs = {
+        (f["placement"], f["key"])
+        for _, f in iter_segment(path)
+        if f is not None and isinstance(f.get("placement"), str) and isinstance(f.get("key"), str)
+    }
+    for placement, key in jobs:
+        h = locate_key(ws, placement, key)
+        ref: RecordRef | None = h.marker.ref if h else None
+        while ref is not None:
+            if (ref.writer, ref.segment) == (writer, segment):
+                return True
+            try:
+                prev = ws.reader.read(ref).get("prev")
+            except FlowError:
+                break
+            ref = RecordRef.parse(prev) if isinstance(prev, str) else None
+    return False
 
 
 def _managers(ws: Workspace, report: GcReport, now: float) -> None:

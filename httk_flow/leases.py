@@ -129,7 +129,9 @@ def fs_now(ws: Workspace) -> float:
         with open(probe, "wb"):
             pass
         os.utime(probe, None)
-        return os.stat(probe).st_mtime
+        stamp = os.stat(probe).st_mtime
+        os.unlink(probe)
+        return stamp
     except OSError:
         return time.time()
 

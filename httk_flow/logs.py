@@ -43,7 +43,12 @@ def read_log(
     """Chunks of the attempt's stdout (or stderr); with follow, until the job leaves it."""
     path = os.path.join(attempt_dir(ws, job, attempt), "stderr" if stderr else "stdout")
     if not os.path.exists(path):
-        return
+        if os.path.isdir(os.path.dirname(path)):
+            return  # the attempt wrote nothing there
+        raise UsageError(
+            "has no files any more (collected by `flow gc`)",
+            obj=f"attempt {os.path.basename(os.path.dirname(path))} of job {job.key}",
+        )
     with open(path, "rb") as fh:
         while True:
             chunk = fh.read(65536)

@@ -87,6 +87,14 @@ def workspace_status(
             blocked.append(
                 (f"no live manager serves {sc.describe()}; start one with `flow serve {opts}`", n)
             )
+    if counts[State.SUBMITTED] and not live:
+        blocked.append(
+            (
+                "no live manager to register submissions; start one with `flow serve` "
+                "or `flow run`",
+                counts[State.SUBMITTED],
+            )
+        )
     if backoff:
         blocked.append(("waiting out a retry backoff", backoff))
     from httk_flow.allocations import AllocationStore  # lazy: allocations reads status

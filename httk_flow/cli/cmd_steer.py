@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import click
 
-from httk_flow import jobs, steering
+from httk_flow import jobs, names, steering
 from httk_flow.cli.app import App
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.logs import read_log
@@ -93,6 +93,8 @@ def register(cli: click.Group) -> None:
     @click.pass_obj
     def resume(app: App, /, idents: tuple[str, ...], step: str | None) -> None:
         """Continue paused or failed jobs."""
+        if step is not None:
+            names.check_ident(step, "step name")
         _apply(
             app, [jobs.find(app.ws, i) for i in idents], lambda ws, h: steering.resume(ws, h, step)
         )
@@ -105,7 +107,7 @@ def register(cli: click.Group) -> None:
         """Change the priority of jobs (0-999, higher first)."""
         if len(args) < 2 or not args[-1].isdigit():
             raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
-        n = int(args[-1])
+        n = names.check_priority(int(args[-1]))
         _apply(
             app,
             [jobs.find(app.ws, i) for i in args[:-1]],

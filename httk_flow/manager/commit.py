@@ -67,6 +67,8 @@ class Committer:
             backoff_base=self.ws.policy.backoff_base,
             backoff_cap=self.ws.policy.backoff_cap,
         )
+        if spec.id in self.pause_requests:
+            decision = self._paused(spec, decision)
         body = carry(
             frame,
             attempt=frame.get("attempt"),

@@ -114,7 +114,7 @@ class Manager:
 
     def locked(self) -> bool:
         now = time.monotonic()
-        if now - self._lock_checked > 1.0:
+        if now - self._lock_checked > 0.2:
             self._locked = read_lock(self.ws) is not None
             self._lock_checked = now
         return self._locked

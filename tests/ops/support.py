@@ -1,0 +1,172 @@
+"""Helpers of the operator tests: `flow` in-process on one workspace, job scripts, processes.
+
+Commands whose effect is immediate run in-process through click's CliRunner (plain mode,
+colour off); managers and anything that must run beside them are real processes, started
+through tests/manager/support.py's Managers (with its OrphanReaper as the subreaper).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from click.testing import CliRunner, Result
+
+from httk_flow.cli.main import cli
+
+FLOW = [sys.executable, "-m", "httk_flow"]
+
+#: a two-step bash runner: `main` waits for $FLOW_WORKDIR/release, then advances to `two`
+ADVANCE_ON_RELEASE = """#!/usr/bin/env bash
+source "$FLOW_BASH_API"
+flow_steps main two
+step_main() {
+    touch "$FLOW_WORKDIR/started"
+    until [ -e "$FLOW_WORKDIR/release" ]; do sleep 0.05; done
+    flow_advance two "main done"
+}
+step_two() { flow_succeed "two done"; }
+flow_main "$@"
+"""
+
+#: fails in `main` for good; `fix` succeeds
+BROKEN_MAIN = """#!/usr/bin/env bash
+source "$FLOW_BASH_API"
+flow_steps main fix
+step_main() { flow_fail "main is broken" broken; }
+step_fix() { flow_succeed "fixed"; }
+flow_main "$@"
+"""
+
+#: counts its attempts in the persistent workdir; attempts before $FLOW_PARAM_ok fail
+SUCCEEDS_AT = """#!/bin/sh
+n=$(cat "$FLOW_WORKDIR/count" 2>/dev/null || echo 0)
+n=$((n + 1))
+echo "$n" > "$FLOW_WORKDIR/count"
+echo "out $n"
+echo "err $n" >&2
+[ "$n" -ge "${FLOW_PARAM_ok:-1}" ] || exit 1
+if [ -n "${FLOW_PARAM_block:-}" ]; then
+    touch "$FLOW_WORKDIR/started"
+    until [ -e "$FLOW_WORKDIR/release" ]; do sleep 0.05; done
+fi
+"""
+
+
+def write_script(directory: Path, name: str, body: str) -> str:
+    """An executable job script (its own #! line) in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+def patch_policy(root: str, **policy: object) -> None:
+    """Rewrite known policy keys of a workspace before any manager opens it."""
+    path = Path(root) / ".flow" / "format.json"
+    fmt = orjson.loads(path.read_bytes())
+    fmt["policy"].update(policy)
+    path.write_bytes(orjson.dumps(fmt, option=orjson.OPT_INDENT_2))
+
+
+class Flow:
+    """`flow -w ROOT ...` in this process, with click's CliRunner."""
+
+    def __init__(self, root: str, runner: CliRunner) -> None:
+        self.root = root
+        self.runner = runner
+
+    def __call__(self, *args: str) -> Result:
+        return self.runner.invoke(cli, ["-w", self.root, *args], catch_exceptions=False)
+
+    def ok(self, *args: str) -> str:
+        """Run a command that must exit 0; its stdout."""
+        r = self(*args)
+        assert r.exit_code == 0, f"flow {' '.join(args)} -> {r.exit_code}:\n{r.output}"
+        return r.stdout
+
+    def json(self, *args: str, code: int = 0) -> Any:
+        r = self(args[0], "--json", *args[1:])  # before a submitted program's arguments
+        assert r.exit_code == code, f"flow {' '.join(args)} -> {r.exit_code}:\n{r.output}"
+        return orjson.loads(r.stdout)
+
+    def submit(self, *args: str) -> dict[str, str]:
+        """Submit one job; its {"id", "key", "placement"}."""
+        [job] = self.json("submit", *args)["jobs"]
+        return dict(job)
+
+    def show(self, ident: str) -> dict[str, Any]:
+        return dict(self.json("show", ident))
+
+    def state(self, ident: str) -> str:
+        return str(self.show(ident)["state"])
+
+    def history(self, ident: str) -> list[dict[str, Any]]:
+        return list(self.json("history", ident)["transitions"])
+
+    def job_dir(self, job: dict[str, str]) -> Path:
+        return Path(self.root) / job["placement"] / job["key"]
+
+    def marker(self, job: dict[str, str]) -> Path:
+        """The one marker file of a job, wherever it is."""
+        found = [
+            p
+            for p in (Path(self.root) / ".flow" / "state").glob(f"*/{job['placement']}/*")
+            if p.name.startswith(job["key"] + ".")
+        ]
+        assert len(found) == 1, found
+        return found[0]
+
+
+def wait_state(flow: Flow, ident: str, states: set[str], timeout: float = 20) -> str:
+    """Poll until the job is in one of `states`; returns that state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = flow.state(ident)
+        if st in states:
+            return st
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"job {ident} still {st} after {timeout} s, wanted {states}")
+        time.sleep(0.05)
+
+
+def holds(predicate: Callable[[], object], seconds: float, interval: float = 0.1) -> None:
+    """Assert that `predicate` stays true for `seconds` (a bounded watch, not a sleep)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate(), f"stopped holding: {predicate!r}"
+        time.sleep(interval)
+
+
+def live_processes(pids: set[int] | None = None, pgid: int | None = None) -> list[int]:
+    """Pids (from `pids`, or of process group `pgid`) that exist and are not zombies."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        state, group = fields[0].decode(), int(fields[2])
+        if state == "Z":
+            continue
+        if (pids is not None and int(name) in pids) or (pgid is not None and group == pgid):
+            out.append(int(name))
+    return out
+
+
+def follow(root: str, ident: str, out: Path) -> subprocess.Popen[bytes]:
+    """`flow logs --follow` as a process writing to `out`."""
+    with open(out, "wb") as fh:
+        return subprocess.Popen([*FLOW, "-w", root, "logs", ident, "--follow"], stdout=fh)

@@ -1,0 +1,171 @@
+"""`flow gc`: old attempts of finished jobs and unreachable journal segments go; the last
+attempt, live attempts, persistent workdirs and every job's history stay."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+from helpers import wait_for
+from manager.support import Managers, log_of
+
+from httk_flow import steering
+from httk_flow.discovery import MarkerStream
+from httk_flow.gc import collect
+from httk_flow.states import State
+from httk_flow.transition import locate_key
+from httk_flow.workspace import Workspace
+
+from .support import SUCCEEDS_AT, Flow, patch_policy, wait_state, write_script
+
+
+def human(n: int) -> str:
+    """How `flow gc` prints a size."""
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def attempts(flow: Flow, job: dict[str, str]) -> list[str]:
+    return sorted(os.listdir(flow.job_dir(job) / "attempts"))
+
+
+def orphan_segment(root: str) -> Path:
+    """A segment whose only frame no marker reaches (a crash between append and rename)."""
+    seg = Path(root) / ".flow" / "journal" / "zz0rphan" / "0.jsonl"
+    seg.parent.mkdir()
+    seg.write_bytes(orjson.dumps({"job": "0" * 32, "to": "ready", "gen": 1}) + b"\n")
+    return seg
+
+
+@pytest.fixture
+def expiring(flow: Flow) -> Flow:
+    """The workspace keeps finished attempts and unreachable segments for 0 days."""
+    patch_policy(flow.root, keep_attempts_days=0, keep_journal_days=0)
+    return flow
+
+
+def test_gc_keeps_the_last_attempt_live_attempts_workdirs_and_every_history(
+    expiring: Flow, scripts: Path, managers: Managers
+) -> None:
+    flow = expiring
+    prog = write_script(scripts, "succeeds-at.sh", SUCCEEDS_AT)
+    three = flow.submit("--tag", "three", "--param", "ok=3", prog)  # fails twice, then succeeds
+    once = flow.submit("--tag", "once", "true")
+    slow = flow.submit("--tag", "slow", "--param", "ok=2", "--param", "block=1", prog)
+    p = managers.start(flow.root, command="serve", workers=2)
+    wait_state(flow, "three", {"succeeded"})
+    wait_state(flow, "once", {"succeeded"})
+    wait_for(lambda: (flow.job_dir(slow) / "run" / "started").exists() or p.poll(), 20)
+    assert p.poll() is None, log_of(p)
+    assert flow.state("slow") == "running"
+    seg = orphan_segment(flow.root)
+    assert attempts(flow, three) == ["a0001", "a0002", "a0003"]
+    three_attempts = flow.job_dir(three) / "attempts"
+    expected = {
+        ("attempt", str(three_attempts / "a0001")),
+        ("attempt", str(three_attempts / "a0002")),
+        ("journal_segment", str(seg)),
+    }
+    n_segments = len(list((Path(flow.root) / ".flow" / "journal").glob("*/*.jsonl")))
+
+    dry = flow.json("gc", "--dry-run")
+    assert set(dry) == {"dry_run", "bytes", "kept_segments", "collected"}
+    assert dry["dry_run"] is True and dry["kept_segments"] == n_segments - 1
+    assert {(i["kind"], i["path"]) for i in dry["collected"]} == expected
+    assert dry["bytes"] == sum(i["bytes"] for i in dry["collected"]) > 0
+    out = flow.ok("gc", "--dry-run").splitlines()
+    assert sorted(out[:-1]) == sorted(
+        f"would collect: {i['kind']} {i['path']} ({human(i['bytes'])})" for i in dry["collected"]
+    )
+    assert out[-1] == (
+        f"would collect 3 item(s), {human(dry['bytes'])}; kept {n_segments - 1} journal segment(s)"
+    )
+    assert attempts(flow, three) == ["a0001", "a0002", "a0003"] and seg.exists()
+
+    done = flow.json("gc")
+    assert done["dry_run"] is False
+    assert {(i["kind"], i["path"]) for i in done["collected"]} == expected
+    assert attempts(flow, three) == ["a0003"]
+    assert (flow.job_dir(three) / "run" / "count").read_text() == "3\n"
+    assert attempts(flow, once) == ["a0001"]
+    assert attempts(flow, slow) == ["a0001", "a0002"], "a running job is never collected"
+    assert (flow.job_dir(slow) / "run" / "started").exists()
+    assert not seg.parent.exists()
+    assert flow.ok("logs", "three") == "out 3\n"
+
+    (flow.job_dir(slow) / "run" / "release").touch()
+    wait_state(flow, "slow", {"succeeded"})
+    p.terminate()
+    assert p.wait(10) == 0, log_of(p)
+    for job in (three, once, slow):
+        frames = flow.history(job["key"])
+        assert frames[0]["to"] == "submitted" and frames[-1]["to"] == "succeeded"
+        assert [f["gen"] for f in frames] == list(range(len(frames)))
+    assert flow("fsck").exit_code == 0
+
+    [manager] = flow.json("managers", "--all")["managers"]
+    again = flow.json("gc")
+    assert {(i["kind"], i["path"]) for i in again["collected"]} == {
+        ("attempt", str(flow.job_dir(slow) / "attempts" / "a0001")),
+        ("manager", str(Path(flow.root) / ".flow" / "managers" / manager["id"])),
+    }
+    assert flow("fsck").exit_code == 0
+
+
+def test_gc_with_the_default_policy_keeps_a_fresh_workspace_whole(
+    flow: Flow, scripts: Path, managers: Managers
+) -> None:
+    prog = write_script(scripts, "succeeds-at.sh", SUCCEEDS_AT)
+    job = flow.submit("--param", "ok=2", prog)
+    assert managers.run(flow.root) == 0
+    out = flow.ok("gc")
+    assert re.fullmatch(r"collected 0 item\(s\), 0 B; kept \d+ journal segment\(s\)\n", out)
+    assert attempts(flow, job) == ["a0001", "a0002"]
+
+
+def gc_while(root: str, after: State, move: Callable[[Workspace], None]) -> None:
+    """Run gc; once its reachability walk has listed state `after`, call `move(ws)`."""
+
+    class Choreographed(MarkerStream):
+        def close(self) -> None:
+            super().close()
+            if self.state is after and not done:
+                done.append(True)
+                other = Workspace.open(root)
+                try:
+                    move(other)
+                finally:
+                    other.close()
+
+    done: list[bool] = []
+    ws = Workspace.open(root)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("httk_flow.discovery.MarkerStream", Choreographed)
+            collect(ws, dry_run=False)
+    finally:
+        ws.close()
+    assert done, f"gc never walked {after.value}"
+
+
+def test_gc_keeps_the_history_of_a_job_resumed_while_it_walks(
+    expiring: Flow, managers: Managers
+) -> None:
+    flow = expiring
+    job = flow.submit("--tag", "resumed", "--retries", "0", "false")
+    assert managers.run(flow.root) == 1
+
+    def resume(ws: Workspace) -> None:
+        h = locate_key(ws, job["placement"], job["key"])
+        assert h is not None and h.state is State.FAILED
+        steering.resume(ws, h)
+
+    gc_while(flow.root, State.READY, resume)
+    r = flow("history", "resumed", "--json")
+    assert r.exit_code == 0, r.output
+    frames = orjson.loads(r.stdout)["transitions"]
+    steps = ["submitted", "ready", "claimed", "running", "committing", "failed", "ready"]
+    assert [f["to"] for f in frames] == steps

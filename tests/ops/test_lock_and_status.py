@@ -1,0 +1,113 @@
+"""The maintenance lock as a running manager sees it, and `flow status`/`flow managers`
+explaining what a live manager does and does not serve."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from pathlib import Path
+
+from helpers import wait_for
+from manager.support import Managers, log_of
+
+from .support import Flow, holds, wait_state
+
+NO_MANAGER = "no live manager; start one with `flow serve` or `flow run`"
+
+
+def lock_reason(text: str, verb: str = "held") -> str:
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    return f"maintenance lock {verb} (by {who}, 0.0h ago: {text}); release it with `flow unlock`"
+
+
+def counts(flow: Flow) -> dict[str, int]:
+    return {k: v for k, v in flow.json("status")["counts"].items() if v}
+
+
+def test_while_the_lock_is_held_a_running_manager_launches_nothing(
+    flow: Flow, managers: Managers
+) -> None:
+    assert flow.ok("lock", "--reason", "upgrade") == lock_reason("upgrade", "taken") + "\n"
+    p = managers.start(flow.root, command="serve", workers=2)
+    for t in ("a", "b"):
+        flow.submit("--tag", t, "true")
+    wait_for(lambda: counts(flow) == {"ready": 2} or p.poll() is not None, 20)
+    assert p.poll() is None, log_of(p)
+    holds(lambda: counts(flow) == {"ready": 2}, 1.5)  # the manager ticks, and claims nothing
+    status = flow.json("status")
+    assert status["blocked"] == [{"reason": lock_reason("upgrade"), "count": 2}]
+    assert [m["alive"] for m in status["managers"]] == [True]
+    assert f"blocked: 2 jobs: {lock_reason('upgrade')}" in flow.ok("status").splitlines()
+
+    assert flow.ok("unlock") == "maintenance lock released\n"
+    for t in ("a", "b"):
+        wait_state(flow, t, {"succeeded"}, timeout=10)
+    assert flow.json("status")["blocked"] == []
+    assert flow.ok("unlock") == "no maintenance lock was held\n"
+    p.terminate()
+    assert p.wait(10) == 0, log_of(p)
+
+
+def test_status_plain_without_a_manager_names_every_blocker(flow: Flow, managers: Managers) -> None:
+    flow.submit("--tag", "q", "true")
+    assert managers.run(flow.root, "--pool", "nowhere") == 0  # registers it, serves nothing
+    flow.ok("lock", "--reason", "disk swap")
+    assert flow.ok("status") == (
+        f"workspace {flow.root}: 1 jobs\n"
+        "STATE      JOBS\n"
+        "ready      1\n"
+        "running    0\n"
+        "succeeded  0\n"
+        "failed     0\n"
+        "managers: 0 live\n"
+        f"blocked: 1 job: {lock_reason('disk swap')}\n"
+        f"blocked: 1 job: {NO_MANAGER}\n"
+    )
+
+
+def test_status_names_the_pool_no_live_manager_serves_and_groups_counts(
+    flow: Flow, managers: Managers
+) -> None:
+    a1 = flow.submit("--tag", "a", "true")
+    a2 = flow.submit("--tag", "a", "--placement", "campaign/x", "true")
+    gpu = flow.submit("--tag", "b", "--pool", "gpu", "--placement", "campaign/x", "true")
+    p = managers.start(flow.root, "--lease", "3s", command="serve", workers=2)
+    wait_for(lambda: counts(flow) == {"ready": 1, "succeeded": 2} or p.poll() is not None, 20)
+    assert p.poll() is None, log_of(p)
+
+    status = flow.json("status")
+    assert status["blocked"] == [
+        {
+            "reason": "no live manager serves pool `gpu`; start one with `flow serve --pool gpu`",
+            "count": 1,
+        }
+    ]
+    [m] = status["managers"]
+    assert set(m) >= {"id", "host", "pid", "alive", "heartbeat_age"}
+    assert (m["host"], m["pid"], m["alive"]) == (socket.gethostname(), p.pid, True)
+    assert 0 <= m["heartbeat_age"] < 3
+    assert flow.json("status", "--by", "tag")["groups"] == {
+        "a": {"succeeded": 2},
+        "b": {"ready": 1},
+    }
+    assert flow.json("status", "--by", "placement")["groups"] == {
+        a1["placement"]: {"succeeded": 1},
+        "campaign/x": {"ready": 1, "succeeded": 1},
+    }
+    assert a2["placement"] == gpu["placement"] == "campaign/x"
+
+    [live] = flow.json("managers")["managers"]
+    assert live["id"] == m["id"] and live["alive"] is True and not live["stopped"]
+    assert (live["pid"], live["workers"], live["pools"]) == (p.pid, 2, [])
+    assert 0 <= live["heartbeat_age"] < 3
+    assert (Path(flow.root) / ".flow" / "managers" / m["id"] / "heartbeat.json").is_file()
+
+    p.terminate()
+    assert p.wait(10) == 0, log_of(p)
+    assert flow.json("managers")["managers"] == []
+    [gone] = flow.json("managers", "--all")["managers"]
+    assert (gone["id"], gone["alive"], gone["stopped"]) == (m["id"], False, True)
+    status = flow.json("status")
+    assert status["managers"] == [] and status["blocked"] == [{"reason": NO_MANAGER, "count": 1}]
+    assert os.path.exists(Path(flow.root) / ".flow" / "managers" / m["id"] / "stopped")

@@ -1,0 +1,211 @@
+"""Steering through the CLI: cancel, pause, resume and priority, with and without a manager."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import wait_for
+from manager.support import Managers, log_of
+
+from .support import (
+    ADVANCE_ON_RELEASE,
+    BROKEN_MAIN,
+    Flow,
+    live_processes,
+    wait_state,
+    write_script,
+)
+
+#: a job with a child in the background and one in the foreground, both sleeping
+SLEEPERS = """#!/bin/sh
+sleep 300 &
+echo $! > "$FLOW_WORKDIR/child.pid"
+echo $$ > "$FLOW_WORKDIR/main.pid"
+touch "$FLOW_WORKDIR/started"
+sleep 300
+"""
+
+
+def make_ready(flow: Flow, managers: Managers) -> None:
+    """Register every submitted job with a manager that serves none of them, then exits."""
+    assert managers.run(flow.root, "--pool", "nowhere") == 0
+
+
+def test_cancelling_a_running_job_stops_its_whole_process_group(
+    flow: Flow, scripts: Path, managers: Managers
+) -> None:
+    job = flow.submit("--tag", "sleepy", write_script(scripts, "sleepers.sh", SLEEPERS))
+    p = managers.start(flow.root, command="serve", workers=1)
+    run = flow.job_dir(job) / "run"
+    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    assert p.poll() is None, log_of(p)
+    [running] = [f for f in flow.history("sleepy") if f["to"] == "running"]
+    pgid = running["attempt"]["pgid"]
+    pids = {int((run / f).read_text()) for f in ("main.pid", "child.pid")}
+    group = set(live_processes(pgid=pgid))
+    assert pids < group and len(group) == 3, "sh, its background and its foreground sleep"
+
+    out = flow.ok("cancel", "sleepy", "--reason", "enough")
+    assert out == f"{job['key']}: running -> cancelling (its manager stops the process group)\n"
+    wait_state(flow, "sleepy", {"cancelled"})
+    assert live_processes(pgid=pgid) == [] and live_processes(pids=group) == []
+    frames = flow.history("sleepy")
+    assert [f["to"] for f in frames[-2:]] == ["cancelling", "cancelled"]
+    assert frames[-2]["reason"] == "enough"
+    assert "verified" in frames[-1]["evidence"] and frames[-1]["evidence"]["group_gone"]
+    assert p.poll() is None, "the manager serves on after a cancellation"
+    p.terminate()
+    assert p.wait(10) == 0, log_of(p)
+
+
+def test_queued_jobs_are_cancelled_by_the_cli_alone(flow: Flow, managers: Managers) -> None:
+    ready = flow.submit("--tag", "r", "true")
+    make_ready(flow, managers)
+    submitted = flow.submit("--tag", "s", "true")
+    assert flow.json("managers")["managers"] == []
+    out = flow.ok("cancel", "s", "r", "--reason", "not needed")
+    assert out == (
+        f"{submitted['key']}: submitted -> cancelled\n{ready['key']}: ready -> cancelled\n"
+    )
+    for tag in ("r", "s"):
+        last = flow.history(tag)[-1]
+        assert (last["to"], last["why"], last["reason"]) == ("cancelled", "cancelled", "not needed")
+        assert last["by"].startswith("cli-")
+    r = flow("cancel", "r")
+    assert (r.exit_code, r.stdout) == (
+        0,
+        f"{ready['key']}: cancelled -> cancelled (already cancelled)\n",
+    )
+
+
+def test_cancel_by_state_cancels_every_ready_job_and_nothing_else(
+    flow: Flow, managers: Managers
+) -> None:
+    ready = [flow.submit("--tag", f"r{i}", "true") for i in range(3)]
+    make_ready(flow, managers)
+    submitted = flow.submit("--tag", "s", "true")
+    out = flow.ok("cancel", "--state", "ready", "--yes")
+    assert sorted(out.splitlines()) == sorted(f"{j['key']}: ready -> cancelled" for j in ready)
+    states = {j["key"]: j["state"] for j in flow.json("list")["jobs"]}
+    assert states == {**{j["key"]: "cancelled" for j in ready}, submitted["key"]: "submitted"}
+
+
+def test_naming_jobs_and_a_state_together_is_refused(flow: Flow) -> None:
+    flow.submit("--tag", "s", "true")
+    r = flow("cancel", "s", "--state", "ready")
+    assert (r.exit_code, r.stderr) == (
+        2,
+        "flow: error: flow cancel: name jobs, or use --state/--all, not both\n",
+    )
+
+
+def test_a_paused_ready_job_resumes_and_runs_to_success(flow: Flow, managers: Managers) -> None:
+    job = flow.submit("--tag", "p", "true")
+    make_ready(flow, managers)
+    assert flow.ok("pause", "p") == f"{job['key']}: ready -> paused\n"
+    assert flow.json("list", "--state", "paused")["jobs"][0]["key"] == job["key"]
+    assert managers.run(flow.root) == 0
+    assert flow.state("p") == "paused", "a manager leaves a paused job alone"
+    assert flow.ok("resume", "p") == f"{job['key']}: paused -> ready\n"
+    assert managers.run(flow.root) == 0
+    assert flow.state("p") == "succeeded"
+
+
+def test_a_running_job_pauses_when_its_attempt_ends_and_resumes_at_its_next_step(
+    flow: Flow, scripts: Path, managers: Managers
+) -> None:
+    job = flow.submit("--tag", "pausing", write_script(scripts, "adv.sh", ADVANCE_ON_RELEASE))
+    p = managers.start(flow.root, command="serve", workers=1)
+    run = flow.job_dir(job) / "run"
+    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    assert flow.ok("pause", "pausing") == (
+        f"{job['key']}: running -> running (pauses when its current attempt ends)\n"
+    )
+    (run / "release").touch()
+    assert wait_state(flow, "pausing", {"paused", "succeeded", "failed"}) == "paused"
+    last = flow.history("pausing")[-1]
+    assert (last["from"], last["step"]) == ("committing", "two")
+    assert not list((Path(flow.root) / ".flow" / "requests" / "pause").iterdir())
+
+    assert flow.ok("resume", "pausing") == f"{job['key']}: paused -> ready\n"
+    wait_state(flow, "pausing", {"succeeded"})
+    assert [a["step"] for a in flow.show("pausing")["attempts"]] == ["main", "two"]
+    p.terminate()
+    assert p.wait(10) == 0, log_of(p)
+
+
+def test_a_failed_job_resumed_at_another_step_succeeds_there(
+    flow: Flow, scripts: Path, managers: Managers
+) -> None:
+    job = flow.submit("--tag", "broken", write_script(scripts, "broken.sh", BROKEN_MAIN))
+    assert managers.run(flow.root) == 1
+    shown = flow.show("broken")
+    assert (shown["state"], shown["failure"]["code"]) == ("failed", "broken")
+    assert flow.ok("resume", "broken", "--step", "fix") == f"{job['key']}: failed -> ready\n"
+    assert flow.show("broken")["step"] == "fix"
+    assert managers.run(flow.root) == 0
+    shown = flow.show("broken")
+    assert (shown["state"], shown["step"]) == ("succeeded", "fix")
+    assert [a["step"] for a in shown["attempts"]] == ["main", "fix"]
+
+
+def test_resuming_a_job_that_is_neither_paused_nor_failed_is_refused(flow: Flow) -> None:
+    job = flow.submit("--tag", "s", "true")
+    r = flow("resume", "s")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == (
+        f"flow: error: job {job['key']}: is submitted; only paused or failed jobs can be resumed\n"
+    )
+
+
+def test_priority_changes_the_marker_and_a_one_worker_manager_claims_by_it(
+    flow: Flow, managers: Managers
+) -> None:
+    jobs = {t: flow.submit("--tag", t, "true") for t in ("a", "b", "c", "d")}
+    make_ready(flow, managers)
+    assert flow.ok("priority", "a", "100") == f"{jobs['a']['key']}: ready -> ready (priority 100)\n"
+    out = flow.ok("priority", "b", "d", "900")
+    assert out == "".join(f"{jobs[t]['key']}: ready -> ready (priority 900)\n" for t in "bd")
+    flow.ok("priority", "d", "700")
+    rows = {r["tag"]: r["priority"] for r in flow.json("list")["jobs"]}
+    assert rows == {"a": 100, "b": 900, "c": 500, "d": 700}
+    assert flow.marker(jobs["d"]).name.split(".")[1] == "p700"
+
+    assert managers.run(flow.root, workers=1) == 0
+    claimed = {
+        t: next(f["t"] for f in flow.history(t) if f["to"] == "claimed")
+        for t in ("a", "b", "c", "d")
+    }
+    assert sorted(claimed, key=claimed.__getitem__) == ["b", "d", "c", "a"]
+
+
+def test_priority_of_a_submitted_job_is_refused(flow: Flow) -> None:
+    job = flow.submit("--tag", "s", "true")
+    r = flow("priority", "s", "7")
+    assert r.exit_code == 1 and r.stderr == (
+        f"flow: error: job {job['key']}: is submitted; priority can change while a job is "
+        "ready, waiting or paused\n"
+    )
+
+
+def test_a_priority_out_of_range_is_bad_input_refused_once_with_exit_2(
+    flow: Flow, managers: Managers
+) -> None:
+    for t in ("a", "b"):
+        flow.submit("--tag", t, "true")
+    make_ready(flow, managers)
+    r = flow("priority", "a", "b", "1000")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("flow: error: ")
+    assert {j["priority"] for j in flow.json("list")["jobs"]} == {500}
+
+
+def test_resuming_at_a_step_name_off_the_grammar_is_bad_input_with_exit_2(
+    flow: Flow, managers: Managers
+) -> None:
+    flow.submit("--tag", "f", "--retries", "0", "false")
+    assert managers.run(flow.root) == 1
+    r = flow("resume", "f", "--step", "bad-step")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.startswith("flow: error: step name 'bad-step': ")
+    assert flow.state("f") == "failed"
