@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from httk_flow.names import Marker
+from httk_flow.names import MARKER_RE, Marker
 from httk_flow.states import State
 from httk_flow.transition import JobHandle
 from httk_flow.workspace import Workspace
@@ -166,3 +166,22 @@ def walk_all(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> Ite
                 yield from stream.next_batch(4096)
         finally:
             stream.close()
+
+
+def count_markers(ws: Workspace, state: State) -> int:
+    """How many marker names of the grammar lie under a state kind (a plain directory walk)."""
+    match = MARKER_RE.fullmatch
+    n = 0
+    stack = [ws.state_dir(state)]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif match(e.name) is not None and e.is_file(follow_symlinks=False):
+                    n += 1
+    return n

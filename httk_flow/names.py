@@ -177,23 +177,27 @@ class Marker:
 
     @classmethod
     def from_name(cls, name: str) -> Marker:
-        m = MARKER_RE.fullmatch(name)
-        if not m:
+        marker = cls.parse_or_none(name)
+        if marker is None:
             raise InvalidName("is not a marker name of the grammar", obj=repr(name))
-        nb = m.group("nb")
-        return cls(
-            key=m.group("key"),
-            priority=int(m.group("prio")),
-            generation=from36(m.group("gen")),
-            ref=RecordRef.parse(m.group("ref")),
-            not_before=from36(nb) if nb else 0,
-            service=m.group("cls") or "",
-        )
+        return marker
 
     @classmethod
     def parse_or_none(cls, name: str) -> Marker | None:
+        """One regular-expression match per name: this runs for every entry of every scan."""
         m = MARKER_RE.fullmatch(name)
-        return cls.from_name(name) if m else None
+        if m is None:
+            return None
+        key, prio, gen, nb, service, ref = m.group("key", "prio", "gen", "nb", "cls", "ref")
+        writer, seg, off = ref.split("-")  # the grammar already checked each part
+        return cls(
+            key,
+            int(prio),
+            int(gen, 36),
+            RecordRef(writer, int(seg, 36), int(off, 36)),
+            int(nb, 36) if nb else 0,
+            service or "",
+        )
 
     @property
     def name(self) -> str:

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
-from httk_flow.discovery import walk_all
+from httk_flow.discovery import count_markers, walk_all
 from httk_flow.errors import FlowError
 from httk_flow.leases import Liveness, read_managers
 from httk_flow.maintenance import read_lock
@@ -45,6 +45,10 @@ def workspace_status(
     waiting_classes: Counter[str] = Counter()
     backoff = 0
     for st in State:
+        if by == "state" and st is not State.READY:
+            # only names are needed here: count them without building a handle each
+            counts[st] = count_markers(ws, st)
+            continue
         for h in walk_all(ws, st):
             counts[st] += 1
             if st is State.READY:
