@@ -27,7 +27,9 @@ class UsageError(FlowError):
 
 
 class WorkspaceError(FlowError):
-    """The workspace is missing, of an unknown format, or damaged."""
+    """The workspace is missing, of an unknown format, or damaged: fix the -w argument."""
+
+    exit_code = 2
 
 
 class InvalidName(UsageError):

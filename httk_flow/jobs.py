@@ -92,8 +92,11 @@ def find(ws: Workspace, ident: str) -> JobHandle:
     if len(matches) == 1:
         return matches[0]
     if not matches:
+        short_hex = len(ident) < 8 and all(c in "0123456789abcdef" for c in ident)
         raise JobNotFound(
-            "matches no job", obj=f"job {ident!r}", hint="see the jobs with `flow list`"
+            "matches no job" + (" (an id prefix needs at least 8 characters)" if short_hex else ""),
+            obj=f"job {ident!r}",
+            hint="see the jobs with `flow list`",
         )
     shown = ", ".join(m.key for m in matches[:5])
     raise JobNotFound(

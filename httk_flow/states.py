@@ -57,7 +57,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # committing -> committing: a manager takes over a commit whose owner is gone
     S.COMMITTING: frozenset({S.COMMITTING, S.READY, S.WAITING, S.PAUSED, S.SUCCEEDED, S.FAILED}),
     S.WAITING: frozenset({S.WAITING, S.READY, S.FAILED, S.PAUSED, S.CANCELLED}),
-    S.PAUSED: frozenset({S.PAUSED, S.READY, S.CANCELLED}),
+    # paused -> waiting: a join paused by an operator goes back to waiting on resume
+    S.PAUSED: frozenset({S.PAUSED, S.READY, S.WAITING, S.CANCELLED}),
     S.CANCELLING: frozenset({S.CANCELLED}),
     S.FAILED: frozenset({S.READY, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from httk_flow import names
+from httk_flow.children import child_placement
 from httk_flow.crash import crash_point
 from httk_flow.errors import FlowError, TransitionConflict, UsageError
 from httk_flow.fsio import atomic_write, fs
@@ -46,7 +47,40 @@ def _retry_locate(ws: Workspace, job: JobHandle) -> JobHandle:
 
 
 def cancel(ws: Workspace, job: JobHandle, reason: str = "") -> SteerResult:
-    """Cancel a job: one rename if nothing runs, else fence it for its owner to stop."""
+    """Cancel a job and, depth first, every child it spawned that is not finished."""
+    result = _cancel_one(ws, job, reason)
+    n = 0
+    for child in children_of(ws, job):
+        if not child.state.is_permanent:
+            try:
+                cancel(ws, child, reason or f"parent {job.key} cancelled")
+                n += 1
+            except FlowError:
+                pass  # a child that keeps moving is reported by its own next cancel
+    if n:
+        note = f"{result.note}; " if result.note else ""
+        return SteerResult(result.key, result.before, result.after, f"{note}{n} children too")
+    return result
+
+
+def children_of(ws: Workspace, job: JobHandle) -> list[JobHandle]:
+    """The job's children, from one listing per state kind of their placement."""
+    placement = child_placement(job.placement, job.key)
+    out = []
+    for st in State:
+        try:
+            entries = os.listdir(ws.state_dir(st, placement))
+        except OSError:
+            continue
+        for n in entries:
+            m = names.Marker.parse_or_none(n)
+            if m is not None:
+                out.append(JobHandle(st, placement, m))
+    return out
+
+
+def _cancel_one(ws: Workspace, job: JobHandle, reason: str) -> SteerResult:
+    """One job: one rename if nothing runs, else fence it for its owner to stop."""
     for _ in range(5):
         st = job.state
         if st in (State.SUCCEEDED, State.CANCELLED, State.CANCELLING):
@@ -119,6 +153,7 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
     if st is State.PAUSED and isinstance(join, dict) and step is None:
         # a paused join goes back to waiting for its children
         body = carry(frame, join=join, why="resumed")
+        body["intr"] = 0
         try:
             new = transition(ws, job, State.WAITING, body, actor=_actor())
         except FlowError:
@@ -126,6 +161,7 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
         return SteerResult(job.key, st, new.state)
     body = carry(frame, why="resumed", last="resumed")
     body["try"] = 0
+    body["intr"] = 0  # an operator looked: the interruption count starts again
     if step is not None or st is State.FAILED:
         body["act"] = int(frame.get("act", 1)) + 1
     if step is not None:

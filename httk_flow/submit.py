@@ -197,11 +197,15 @@ class Submitter:
             # unique: a submitter killed mid-payload leaves its tmp behind for a replay to meet
             tmp = os.path.join(ws.tmp, f"job-{spec.id}.{os.urandom(4).hex()}")
             os.mkdir(tmp)
-            write_file(os.path.join(tmp, "job.json"), spec.to_json(), durable=durable)
-            if req.inputs:
-                _copy_inputs(req.inputs, os.path.join(tmp, "files"))
-            if durable:
-                fsync_dir(tmp)
+            try:
+                write_file(os.path.join(tmp, "job.json"), spec.to_json(), durable=durable)
+                if req.inputs:
+                    _copy_inputs(req.inputs, os.path.join(tmp, "files"))
+                if durable:
+                    fsync_dir(tmp)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             parent = os.path.dirname(final)
             ws.ensure_dir(parent)
             try:

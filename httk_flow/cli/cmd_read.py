@@ -16,6 +16,25 @@ from httk_flow.status import GroupBy, StatusReport, Throughput, workspace_status
 STATE_NAMES = [s.value for s in State]
 
 
+def _result(r: object) -> str:
+    """An attempt's ending in words: the outcome's action, else the exit status."""
+    if not isinstance(r, dict):
+        return "-"
+    out = r.get("outcome")
+    if isinstance(out, dict):
+        text = str(out.get("action", "?"))
+        if out.get("step"):
+            text += f" {out['step']}"
+        return text
+    if r.get("outcome_error"):
+        return "bad outcome"
+    if r.get("interrupted"):
+        return f"interrupted ({r['interrupted']})"
+    if r.get("signal"):
+        return f"signal {r['signal']}"
+    return f"exit {r.get('exit')}"
+
+
 def _when(t: object) -> str:
     if not isinstance(t, int | float):
         return "-"
@@ -124,7 +143,7 @@ def register(cli: click.Group) -> None:
                         a.get("state"),
                         a.get("host"),
                         a.get("pid"),
-                        a.get("result"),
+                        _result(a.get("result")),
                     ]
                     for a in v.attempts
                 ],

@@ -131,11 +131,16 @@ def register(cli: click.Group) -> None:
 
     @cli.command("run")
     @click.option(
-        "--idle", "idle", default="0", show_default=True, help="Seconds of idleness before exiting."
+        "--exit-when-idle",
+        "--idle",
+        "idle",
+        default="0",
+        show_default=True,
+        help="Seconds of idleness before exiting.",
     )
     @_options
     @click.pass_obj
     def run(app: App, /, idle: str, **kw: Any) -> None:
         """`flow serve --exit-when-idle`: exit 0 when done, 1 if any job it ran failed."""
-        cfg = _config(parse_duration(idle, "--idle"), **kw)
+        cfg = _config(parse_duration(idle, "--exit-when-idle"), **kw)
         raise SystemExit(Manager(app.ws, cfg).run())

@@ -40,18 +40,19 @@ def _apply(
     app: App, handles: list[JobHandle], fn: Callable[[Workspace, JobHandle], steering.SteerResult]
 ) -> None:
     ws = app.ws
-    problems = 0
+    codes: set[int] = set()
     for h in handles:
         try:
             r = fn(ws, h)
         except FlowError as e:
-            problems += 1
+            codes.add(e.exit_code)
             click.echo(f"flow: error: {e.render()}", err=True)
             continue
         note = f" ({r.note})" if r.note else ""
         app.echo(f"{r.key}: {r.before.value} -> {r.after.value}{note}")
-    if problems:
-        raise SystemExit(1)
+    if codes:
+        # 2 when every refusal was bad input, 1 when an operation failed
+        raise SystemExit(1 if 1 in codes else 2)
 
 
 def register(cli: click.Group) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -9,6 +10,10 @@ import click
 
 from httk_flow.cli.app import App
 from httk_flow.errors import FlowError
+
+_ENVIRONMENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,6 +27,17 @@ class FlowGroup(click.Group):
         except FlowError as e:
             click.echo(f"flow: error: {e.render()}", err=True)
             ctx.exit(e.exit_code)
+        except OSError as e:
+            # the machine refusing (full disk, quota, read-only) is not a bug: say so plainly
+            if e.errno not in _ENVIRONMENT_ERRNOS:
+                raise
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(
+                f"flow: error: {where}{e.strerror}; free space or fix permissions "
+                "in the workspace and run the command again",
+                err=True,
+            )
+            ctx.exit(1)
 
 
 def _set_workspace(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:

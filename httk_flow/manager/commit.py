@@ -40,14 +40,22 @@ class Committer:
         self.pause_requests: set[str] = set()
 
     def ending_from_dir(
-        self, attempt_dir: str, exit_code: int | None, sig: int | None, *, interrupted: bool = False
+        self,
+        attempt_dir: str,
+        exit_code: int | None,
+        sig: int | None,
+        *,
+        interrupted: bool = False,
+        drained: bool = False,
     ) -> Ending:
         """Read the attempt's published outcome (if any) into an Ending."""
         try:
             out = read_outcome(attempt_dir)
         except InvalidOutcome as e:
             return Ending(exit_code, sig, None, e.render())
-        return Ending(exit_code, sig, out, None, interrupted=interrupted and out is None)
+        return Ending(
+            exit_code, sig, out, None, interrupted=interrupted and out is None, drained=drained
+        )
 
     def commit(
         self,

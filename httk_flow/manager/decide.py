@@ -24,6 +24,7 @@ class Ending:
     outcome: Outcome | None = None
     outcome_error: str | None = None
     interrupted: bool = False  # we (drain) or a dead manager stopped it: not the job's fault
+    drained: bool = False  # the interruption was our own orderly drain (walltime, signal)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"exit": self.exit_code, "signal": self.signal}
@@ -32,7 +33,7 @@ class Ending:
         if self.outcome_error:
             d["outcome_error"] = self.outcome_error
         if self.interrupted:
-            d["interrupted"] = True
+            d["interrupted"] = "drain" if self.drained else "takeover"
         return d
 
 
@@ -77,13 +78,16 @@ def decide(
         failure = {"code": code, "message": message, "retryable": code == "budget_exhausted"}
         return Decision(State.FAILED, code, {"failure": failure, "last": code})
 
-    def again(why: str, *, charged: bool) -> Decision:
+    def again(why: str, *, charged: bool, counted: bool = True) -> Decision:
+        if not charged and not counted:
+            # a drain at walltime is how long jobs live: it counts against nothing
+            return Decision(State.READY, why, {"try": max(0, tried - 1), "last": why})
         if not charged:
             if intr + 1 >= MAX_INTERRUPTIONS:
                 return failed(
                     "interrupted_too_often",
-                    f"step {step} was interrupted {intr + 1} times (managers stopped or "
-                    "died under it); resume it once the cause is understood",
+                    f"the job was interrupted {intr + 1} times by managers that died under "
+                    "it; resume it once the cause is understood",
                 )
             body = {"try": max(0, tried - 1), "intr": intr + 1, "last": why}
             return Decision(State.READY, why, body)
@@ -104,7 +108,7 @@ def decide(
     out = ending.outcome
     if out is None:
         if ending.interrupted:
-            return again("interrupted", charged=False)
+            return again("interrupted", charged=False, counted=not ending.drained)
         if ending.exit_code == 0:
             if spec.require_outcome:
                 return failed(

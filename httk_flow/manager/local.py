@@ -132,7 +132,9 @@ class LocalAttempts:
         if la.term_at is not None:
             # a stopped attempt may leave group members behind: make sure none survive
             signal_group(la.proc.pid, signal.SIGKILL)
-        ending = self.committer.ending_from_dir(la.plan.dir, code, sig, interrupted=la.interrupted)
+        ending = self.committer.ending_from_dir(
+            la.plan.dir, code, sig, interrupted=la.interrupted, drained=la.interrupted
+        )
         try:
             return self.committer.commit(la.job, la.spec, la.frame, ending)
         except TransitionConflict:

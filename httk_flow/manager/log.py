@@ -23,7 +23,8 @@ class ManagerLog:
         self.enabled = enabled
 
     def _emit(self, event: str, fields: dict[str, Any], text: str) -> None:
-        if not self.enabled:
+        # quiet managers still report problems: a broken job must never go unmentioned
+        if not self.enabled and event != "problem":
             return
         now = time.time()
         if self.fmt == "json":

@@ -265,7 +265,8 @@ class Manager:
                 f"manager {self.id} stopped: {self.succeeded_jobs} succeeded, "
                 f"{self.failed_jobs} failed"
             )
-        return 1 if self.failed_jobs else 0
+        # a second signal abandons work to the leases: not a clean exit
+        return 1 if self.failed_jobs or self._stop_now else 0
 
     def _sleep(self, wake_fd: int) -> None:
         """Until a child exits, a signal arrives, or the poll interval passes.

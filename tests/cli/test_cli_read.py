@@ -187,7 +187,7 @@ def test_jsonl_submission_applies_each_line(runner: CliRunner, ws: str, tmp_path
 def test_no_workspace_found_says_how_to_make_one(runner: CliRunner, tmp_path: Path) -> None:
     os.chdir(tmp_path)
     r = runner.invoke(cli, ["status"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "create one with `flow init`" in r.output
 
 

@@ -77,7 +77,7 @@ def test_sigterm_drains_a_running_job_back_to_ready_without_charging_it(
     assert info.state is State.READY, dump(root)
     assert info.last["why"] == "interrupted"
     assert info.last["try"] == 0  # the failure budget of the activation is intact
-    assert info.last["result"]["interrupted"] is True
+    assert info.last["result"]["interrupted"] == "drain"
     assert info.last.get("not_before") is None and info.handle.marker.not_before == 0
 
     assert managers.run(root) == 0

@@ -79,7 +79,7 @@ def test_a_killed_managers_running_job_is_recovered_by_another_manager(
     takeover = next(f for f in info.frames if f.get("to") == "committing")
     assert takeover["by"] != owner
     assert takeover["attempt"]["manager"] == owner
-    assert takeover["result"]["interrupted"] is True
+    assert takeover["result"]["interrupted"] == "takeover"
     assert info.frames[-1]["by"] != owner
     assert not processes_of(root), "the orphaned attempt was stopped before the takeover"
 

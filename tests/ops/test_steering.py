@@ -152,7 +152,7 @@ def test_a_failed_job_resumed_at_another_step_succeeds_there(
 def test_resuming_a_job_that_is_neither_paused_nor_failed_is_refused(flow: Flow) -> None:
     job = flow.submit("--tag", "s", "true")
     r = flow("resume", "s")
-    assert r.exit_code == 1 and r.stdout == ""
+    assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr == (
         f"flow: error: job {job['key']}: is submitted; only paused or failed jobs can be resumed\n"
     )
@@ -182,7 +182,7 @@ def test_priority_changes_the_marker_and_a_one_worker_manager_claims_by_it(
 def test_priority_of_a_submitted_job_is_refused(flow: Flow) -> None:
     job = flow.submit("--tag", "s", "true")
     r = flow("priority", "s", "7")
-    assert r.exit_code == 1 and r.stderr == (
+    assert r.exit_code == 2 and r.stderr == (
         f"flow: error: job {job['key']}: is submitted; priority can change while a job is "
         "ready, waiting or paused\n"
     )
