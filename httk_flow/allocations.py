@@ -8,16 +8,19 @@ backend for the token, never by submitting blindly again.
 
 from __future__ import annotations
 
-import enum
 import math
 import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
-import orjson
-
+from httk_flow.allocation_records import (
+    AllocationRecord,
+    AllocationStore,
+    AllocPhase,
+    ReconcilerLease,
+)
 from httk_flow.backends.base import (
     AllocationBackend,
     AllocationRequest,
@@ -25,78 +28,27 @@ from httk_flow.backends.base import (
     Outcome,
     Phase,
 )
-from httk_flow.errors import FlowError, UsageError
-from httk_flow.fsio import atomic_write, fs
+from httk_flow.errors import UsageError
 from httk_flow.leases import read_managers
 from httk_flow.names import to36
 from httk_flow.states import State
 from httk_flow.status import workspace_status
 from httk_flow.workspace import Workspace
 
+__all__ = [
+    "AllocPhase",
+    "AllocationRecord",
+    "AllocationStore",
+    "Reconciler",
+    "ReconcilerLease",
+    "ScaleSettings",
+    "TickReport",
+]
+
 #: the environment variable through which a manager learns its allocation's token
 TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"
 #: failures in a row (allocations that never ran) before the queue is paused
 PAUSE_AFTER = 3
-#: when the queue was last unpaused: failures before it do not count again
-UNPAUSED = "unpaused.json"
-
-
-class AllocPhase(enum.Enum):
-    REQUESTED = "requested"  # record written, submission not (known to be) made
-    UNKNOWN = "unknown"  # submitted with no definite answer: ask by token next
-    PENDING = "pending"
-    RUNNING = "running"
-    CANCELLING = "cancelling"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def active(self) -> bool:
-        return self in (
-            AllocPhase.REQUESTED,
-            AllocPhase.UNKNOWN,
-            AllocPhase.PENDING,
-            AllocPhase.RUNNING,
-        )
-
-    @property
-    def ended(self) -> bool:
-        return self in (AllocPhase.DONE, AllocPhase.FAILED, AllocPhase.CANCELLED)
-
-
-@dataclass(frozen=True)
-class AllocationRecord:
-    token: str
-    backend: str
-    phase: AllocPhase
-    created: float
-    updated: float
-    handle: str | None = None
-    reason: str = ""
-    ran: bool = False  # it was seen running at least once
-
-    def to_json(self) -> bytes:
-        d = asdict(self)
-        d["phase"] = self.phase.value
-        return orjson.dumps(d)
-
-    @classmethod
-    def from_json(cls, raw: bytes, where: str) -> AllocationRecord:
-        try:
-            d = orjson.loads(raw)
-            return cls(
-                str(d["token"]),
-                str(d["backend"]),
-                AllocPhase(d["phase"]),
-                float(d["created"]),
-                float(d["updated"]),
-                d.get("handle"),
-                str(d.get("reason", "")),
-                bool(d.get("ran", False)),
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise FlowError(f"is not an allocation record ({e})", obj=where) from None
 
 
 @dataclass(frozen=True)
@@ -122,127 +74,6 @@ class TickReport:
     paused: str = ""
 
 
-class AllocationStore:
-    """`.flow/allocations/<token>.json`, one record per allocation."""
-
-    def __init__(self, ws: Workspace) -> None:
-        self.ws = ws
-        self.dir = os.path.join(ws.flow, "allocations")
-
-    def path(self, token: str) -> str:
-        return os.path.join(self.dir, f"{token}.json")
-
-    def save(self, rec: AllocationRecord) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        atomic_write(self.path(rec.token), rec.to_json(), durable=True)
-
-    def load_all(self) -> list[AllocationRecord]:
-        out: list[AllocationRecord] = []
-        try:
-            entries = list(fs.scandir(self.dir))
-        except FileNotFoundError:
-            return out
-        for e in entries:
-            if not e.name.endswith(".json") or not e.is_file(follow_symlinks=False):
-                continue
-            if e.name in ("paused.json", UNPAUSED):
-                continue
-            try:
-                out.append(AllocationRecord.from_json(fs.read_bytes(e.path, 65536), e.path))
-            except (OSError, FlowError):
-                continue
-        out.sort(key=lambda r: r.created)
-        return out
-
-    def paused(self) -> str | None:
-        try:
-            return str(
-                orjson.loads(fs.read_bytes(os.path.join(self.dir, "paused.json"), 65536)).get(
-                    "reason", "paused"
-                )
-            )
-        except FileNotFoundError:
-            return None
-        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
-            return "paused (unreadable reason)"
-
-    def pause(self, reason: str) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        atomic_write(
-            os.path.join(self.dir, "paused.json"),
-            orjson.dumps({"reason": reason, "since": time.time()}),
-            durable=True,
-        )
-
-    def unpause(self) -> bool:
-        # failures before this moment no longer count towards a new pause
-        os.makedirs(self.dir, exist_ok=True)
-        atomic_write(
-            os.path.join(self.dir, UNPAUSED), orjson.dumps({"since": time.time()}), durable=True
-        )
-        try:
-            os.unlink(os.path.join(self.dir, "paused.json"))
-            return True
-        except FileNotFoundError:
-            return False
-
-    def unpaused_at(self) -> float:
-        """When the queue was last unpaused (0 if never)."""
-        try:
-            return float(
-                orjson.loads(fs.read_bytes(os.path.join(self.dir, UNPAUSED), 4096))["since"]
-            )
-        except (OSError, FlowError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            return 0.0  # never unpaused (or unreadable): every failure counts
-
-
-class ReconcilerLease:
-    """Only one reconciler acts on a workspace: a lease file renewed every tick."""
-
-    def __init__(self, ws: Workspace, owner: str, ttl: float) -> None:
-        self.path = os.path.join(ws.flow, "allocations", "reconciler.lease")
-        self.owner = owner
-        self.ttl = ttl
-
-    def acquire(self) -> bool:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        data = orjson.dumps({"owner": self.owner, "pid": os.getpid(), "t": time.time()})
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            return True
-        except FileExistsError:
-            pass
-        try:
-            raw = fs.read_bytes(self.path, 4096)
-            holder = orjson.loads(raw).get("owner")
-            age = time.time() - os.stat(self.path).st_mtime
-        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
-            holder, age = None, self.ttl + 1
-        if holder == self.owner:
-            atomic_write(self.path, data, durable=False)
-            return True
-        if age <= self.ttl:
-            return False
-        # a stale lease: whoever renames it away first takes over
-        stale = f"{self.path}.{self.owner}"
-        try:
-            os.rename(self.path, stale)
-        except FileNotFoundError:
-            return False
-        os.unlink(stale)
-        return self.acquire()
-
-    def release(self) -> None:
-        try:
-            raw = fs.read_bytes(self.path, 4096)
-            if orjson.loads(raw).get("owner") == self.owner:
-                os.unlink(self.path)
-        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
-            pass
-
-
 class Reconciler:
     def __init__(
         self,
@@ -259,6 +90,7 @@ class Reconciler:
         self.clock = clock
         self.store = AllocationStore(ws)
         self.owner = "r" + to36(secrets.randbits(40))
+        self._draining: set[str] = set()
         #: a test seam: called with "after_submit" between the backend's answer and the
         #: record that stores it, to model a crash there
         self.fault = fault
@@ -289,12 +121,15 @@ class Reconciler:
         report.desired = want
         active = [r for r in records if r.phase.active]
         report.active = len(active)
+        # allocations still winding down count against --max until they are gone
+        winding = sum(1 for r in records if r.phase is AllocPhase.CANCELLING)
+        room = max(0, self.settings.max - len(active) - winding)
         paused = self.store.paused()
         if paused is None:
             paused = self._failures(records)
         report.paused = paused or ""
         if len(active) < want and not paused and not self._backing_off(records):
-            for _ in range(want - len(active)):
+            for _ in range(min(want - len(active), room)):
                 rec = self._new()
                 report.submitted.append(rec.token)
                 self._submit(rec, report)
@@ -345,6 +180,13 @@ class Reconciler:
     ) -> list[AllocationRecord]:
         out = []
         for rec in records:
+            if rec.phase is AllocPhase.CANCELLING and not rec.handle:
+                handle = self.backend.find_by_token(self.ws.root, rec.token)
+                if handle is None:
+                    rec = self._put(rec, phase=AllocPhase.CANCELLED, reason="never submitted")
+                else:
+                    rec = self._put(rec, handle=handle)
+                    self.backend.cancel(handle)
             if rec.phase in (AllocPhase.REQUESTED, AllocPhase.UNKNOWN):
                 # never submit again without asking whether the first one exists
                 handle = self.backend.find_by_token(self.ws.root, rec.token)
@@ -359,7 +201,9 @@ class Reconciler:
         handles = [r.handle for r in out if r.handle and not r.phase.ended]
         seen = self.backend.observe(handles) if handles else {}
         # a manager that heartbeated from an allocation proves the allocation ran
-        served = {lv.info.allocation for lv in read_managers(self.ws) if lv.info.allocation}
+        lives = read_managers(self.ws)
+        served = {lv.info.allocation for lv in lives if lv.info.allocation}
+        self._draining = {lv.info.allocation for lv in lives if lv.alive and lv.info.draining}
         final = []
         for rec in out:
             obs = seen.get(rec.handle or "")
@@ -374,6 +218,10 @@ class Reconciler:
         if rec.phase is AllocPhase.CANCELLING:
             if phase in (Phase.DONE, Phase.FAILED, Phase.UNKNOWN):
                 return self._put(rec, phase=AllocPhase.CANCELLED, reason=reason)
+            if rec.handle and rec.token not in self._draining:
+                # marked but perhaps never cancelled (a crash in between): ask again; a
+                # manager already draining is left alone, a second TERM would kill it
+                self.backend.cancel(rec.handle)
             return rec
         target = {
             Phase.PENDING: AllocPhase.PENDING,

@@ -101,7 +101,7 @@ def workspace_status(
         )
     if backoff:
         blocked.append(("waiting out a retry backoff", backoff))
-    from httk_flow.allocations import AllocationStore  # lazy: allocations reads status
+    from httk_flow.allocation_records import AllocationStore  # lazy: allocations reads status
 
     paused = AllocationStore(ws).paused()
     if paused and counts[State.READY]:

@@ -47,7 +47,8 @@ class LocalBackend:
         env = dict(os.environ)
         env[TOKEN_ENV] = request.token
         if request.time:
-            env[END_ENV] = str(time.time() + request.time)
+            # the manager stops claiming and drains so that all ends by the walltime
+            env[END_ENV] = str(time.time() + max(0.0, request.time - request.drain))
         log_dir = request.log_dir or d
         os.makedirs(log_dir, exist_ok=True)
         cmd = [

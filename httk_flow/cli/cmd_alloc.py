@@ -8,7 +8,8 @@ import datetime as dt
 import click
 
 from httk_flow import backends
-from httk_flow.allocations import AllocationStore, Reconciler, ScaleSettings, TickReport
+from httk_flow.allocation_records import AllocationStore
+from httk_flow.allocations import Reconciler, ScaleSettings, TickReport
 from httk_flow.cli.app import App
 from httk_flow.durations import parse_duration
 

@@ -45,6 +45,8 @@ from httk_flow.backends.slurm.script import (
 
 #: set by Slurm inside every job (batch script, srun task, salloc shell)
 JOB_ID_ENV = "SLURM_JOB_ID"
+#: seconds a manager waits at its start to learn when its allocation ends
+END_TIMEOUT = 20.0
 
 
 class SlurmBackend:
@@ -61,8 +63,8 @@ class SlurmBackend:
         self.query_timeout = query_timeout
         self.submit_timeout = submit_timeout
 
-    def _query(self, *argv: str) -> CommandResult:
-        return checked(self.runner(argv, self.query_timeout, None))
+    def _query(self, *argv: str, timeout: float | None = None) -> CommandResult:
+        return checked(self.runner(argv, timeout or self.query_timeout, None))
 
     # -- submit ----------------------------------------------------------------------
 
@@ -188,7 +190,8 @@ class SlurmBackend:
         if not is_job_id(job_id):
             return None
         try:
-            res = self._query("squeue", "-h", "-j", job_id, "-o", "%e|%L")
+            # asked once as a manager starts: do not hold the start up for long
+            res = self._query("squeue", "-h", "-j", job_id, "-o", "%e|%L", timeout=END_TIMEOUT)
         except BackendUnavailable:
             return None  # without an answer the manager runs without a known end
         for line in res.stdout.splitlines():

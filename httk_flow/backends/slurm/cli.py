@@ -23,6 +23,8 @@ def _check_serve_args(args: tuple[str, ...]) -> None:
     """Parse SERVE_OPTIONS as `flow serve` would, so a typo fails here and not in the job."""
     if "-w" in args or any(a == "--workspace" or a.startswith("--workspace=") for a in args):
         raise UsageError("may not name a workspace; pass -w before --", obj="SERVE_OPTIONS")
+    if "-h" in args or "--help" in args:
+        raise UsageError("may not ask for help; run `flow serve --help`", obj="SERVE_OPTIONS")
     ctx = click.get_current_context()
     root = ctx.find_root().command
     serve = root.get_command(ctx, "serve") if isinstance(root, click.Group) else None
@@ -30,8 +32,6 @@ def _check_serve_args(args: tuple[str, ...]) -> None:
         return
     try:
         serve.make_context("flow serve", list(args), obj=App())
-    except click.exceptions.Exit:
-        pass
     except click.ClickException as e:
         raise UsageError(
             f"are not options of `flow serve`: {e.format_message()}", obj="SERVE_OPTIONS"
@@ -40,7 +40,7 @@ def _check_serve_args(args: tuple[str, ...]) -> None:
 
 @click.command(
     "sbatch",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings={"allow_interspersed_args": False},
 )
 @click.option(
     "--sbatch-arg",
