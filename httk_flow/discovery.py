@@ -185,3 +185,8 @@ def count_markers(ws: Workspace, state: State) -> int:
                 elif match(e.name) is not None and e.is_file(follow_symlinks=False):
                     n += 1
     return n
+
+
+def any_marker(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> bool:
+    """Whether at least one marker lies under a state kind (stops at the first)."""
+    return any(True for _ in walk_all(ws, state, prefixes))

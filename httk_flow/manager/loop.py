@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 from httk_flow.children import child_states
+from httk_flow.discovery import any_marker, walk_all
 from httk_flow.errors import FlowError
 from httk_flow.leases import ManagerInfo, mark_stopped, write_heartbeat
 from httk_flow.maintenance import read_lock
@@ -284,19 +285,24 @@ class Manager:
                     os.read(wake_fd, 512)
 
     def _quiet(self, result: TickResult) -> bool:
-        """Every discovery stream went round once with nothing done, and nobody else
-        holds work that could still come our way."""
+        """Nothing was done, nothing runs here, and no job anywhere could still come our way.
+
+        Waiting jobs are released by the join pass, so while any exist the join stream
+        must also have gone round once since the last action.
+        """
         marks = (self.register.stream.cycles, self.claim.stream.cycles, self.joins.stream.cycles)
         if result.actions or self.local:
             self._idle_marks = marks
             return False
-        if any(m < o + 1 for m, o in zip(marks, self._idle_marks, strict=True)):
+        if not self._nothing_pending():
             return False
-        return self._nothing_pending()
+        if any_marker(self.ws, State.WAITING, self.config.placements):
+            return all(m >= o + 1 for m, o in zip(marks, self._idle_marks, strict=True))
+        return True
 
     def _nothing_pending(self) -> bool:
-        from httk_flow.discovery import walk_all
-
+        """No job is being registered, run or committed anywhere, and none we serve is
+        ready (in backoff or not yet reached by our scan)."""
         for st in (
             State.SUBMITTED,
             State.CLAIMED,
@@ -304,10 +310,8 @@ class Manager:
             State.COMMITTING,
             State.CANCELLING,
         ):
-            for _ in walk_all(self.ws, st, self.config.placements):
+            if any_marker(self.ws, st, self.config.placements):
                 return False
-        # a waiting job whose children are all ready-but-unservable is not our business
-        for h in walk_all(self.ws, State.READY, self.config.placements):
-            if h.marker.not_before and self.claim._serves(h):
-                return False
-        return True
+        return not any(
+            self.claim.serves(h) for h in walk_all(self.ws, State.READY, self.config.placements)
+        )

@@ -133,7 +133,7 @@ class ClaimPass:
         self._seq = 0
         self._too_long: dict[str, float] = {}
 
-    def _serves(self, h: JobHandle) -> bool:
+    def serves(self, h: JobHandle) -> bool:
         sc = self.registry.get(h.marker.service)
         if sc is None:
             self.ctx.report_once(h.key, f"unknown service class {h.marker.service!r}")
@@ -143,7 +143,7 @@ class ClaimPass:
     def offer(self, h: JobHandle) -> None:
         """A ready job: queued as a candidate (once per marker generation)."""
         ident = (h.key, h.marker.generation)
-        if ident in self._queued or not self._serves(h):
+        if ident in self._queued or not self.serves(h):
             return
         self._queued.add(ident)
         self._seq += 1

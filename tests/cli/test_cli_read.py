@@ -69,7 +69,7 @@ def test_submit_json_has_the_contract_shape(runner: CliRunner, ws: str) -> None:
     assert list(doc) == ["jobs"] and len(doc["jobs"]) == 1
     job = doc["jobs"][0]
     assert set(job) == {"id", "key", "placement"}
-    assert job["key"] == f"t1--{job['id']}" and job["placement"] == f"jobs/{job['id'][:3]}"
+    assert job["key"] == f"t1--{job['id']}" and job["placement"] == f"jobs/{job['id'][:2]}"
 
 
 def test_workspace_option_is_accepted_after_the_command(runner: CliRunner, ws: str) -> None:
@@ -106,7 +106,7 @@ def test_list_plain_output_is_a_stable_table(runner: CliRunner, ws: str) -> None
     _, out = flow(runner, "-w", ws, "list")
     assert out == (
         "ID            TAG  STATE      STEP  PRIO  ATTEMPTS  PLACEMENT\n"
-        f"{jid[:12]}  a    submitted  main  500   0         jobs/{jid[:3]}\n"
+        f"{jid[:12]}  a    submitted  main  500   0         jobs/{jid[:2]}\n"
     )
 
 

@@ -1,0 +1,1 @@
+"""Chaos tests: many managers and attempts SIGKILLed at random moments, then audited."""

@@ -1,0 +1,82 @@
+"""A program that leaves a background process behind (no setsid: it stays in the attempt's
+process group). On cancel the whole group is stopped, a TERM-ignoring member included. At
+a normal exit the manager does not touch the group: what happens is documented here."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from helpers import wait_for
+from manager.support import Managers, flow, job, log_of, submit, write_script
+
+from httk_flow.procs import group_members_alive, process_alive
+from httk_flow.states import State
+
+#: starts a daemon that ignores TERM, records its pid, then exits or keeps running
+FORKER = r"""
+( trap '' TERM; exec sleep 300 ) &
+echo $! > "$FLOW_WORKDIR/daemon.pid"
+touch "$FLOW_WORKDIR/started"
+if [ "$FLOW_PARAM_then" = run ]; then sleep 300; fi
+exit 0
+"""
+
+
+def _daemon(root: str, jid: str) -> int:
+    return int((job(root, jid).job_dir(root) / "run" / "daemon.pid").read_text())
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_cancel_stops_every_member_of_the_attempts_group(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    prog = write_script(scripts, "forker.sh", FORKER)
+    [jid] = submit(root, prog, params={"then": "run"})
+    p = managers.start(root, "--kill-grace", "1s", command="serve")
+    wait_for(lambda: (job(root, jid).job_dir(root) / "run" / "started").exists(), 20)
+    daemon = _daemon(root, jid)
+    pgid = job(root, jid).last["attempt"]["pgid"]
+    assert os.getpgid(daemon) == pgid, "the daemon stays in the attempt's group"
+    try:
+        r = flow("-w", root, "cancel", jid)
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: job(root, jid).state is State.CANCELLED, 20)
+        assert not process_alive(daemon, None), "the TERM-ignoring daemon survived"
+        assert not group_members_alive(pgid)
+        assert job(root, jid).last["evidence"]["group_gone"] is True
+        # the manager serves on: a job submitted now still runs
+        [later] = submit(root, prog, params={"then": "exit"})
+        wait_for(lambda: job(root, later).state is State.SUCCEEDED, 20)
+        _kill(_daemon(root, later))
+        assert p.poll() is None, log_of(p)
+    finally:
+        _kill(daemon)
+
+
+def test_a_daemon_outlives_a_normal_exit_and_holds_nothing_up(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    """Documents today's behaviour: at exit 0 the job succeeds at once and `flow run` ends;
+    the manager signals the group only when it stopped the attempt itself (cancel, drain),
+    so the daemon lives on in the attempt's (now leaderless) process group."""
+    prog = write_script(scripts, "forker.sh", FORKER)
+    [jid] = submit(root, prog, params={"then": "exit"})
+    started = time.monotonic()
+    assert managers.run(root) == 0
+    assert time.monotonic() - started < 30, "flow run waited for the daemon"
+    info = job(root, jid)
+    daemon = _daemon(root, jid)
+    try:
+        assert info.state is State.SUCCEEDED
+        assert process_alive(daemon, None), "the manager now cleans up the group: update docs"
+        assert os.getpgid(daemon) == info.last["attempt"]["pgid"]
+    finally:
+        _kill(daemon)

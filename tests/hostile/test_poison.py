@@ -1,0 +1,240 @@
+"""Single hostile inputs that stop a whole manager today (each in its own workspace, so the
+scenes of test_malformed.py stay meaningful): one bad job must fail with a reason, or be
+reported once, while the manager goes on serving the good jobs beside it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from manager.support import Managers, ManagerProcess, job, submit, write_script
+
+from httk_flow import outcome
+from httk_flow.errors import FlowError, InvalidOutcome
+from httk_flow.fsio import FileSystem
+from httk_flow.names import Marker, RecordRef
+from httk_flow.states import State
+from httk_flow.workspace import Workspace
+
+from .support import HOSTILE, current, handle_of, job_json, plant_frame, problems, rename_marker
+
+GOOD = 3
+
+
+def _serve_one_bad_job(
+    root: str, managers: Managers, bad: str, good: list[str], timeout: float = 30
+) -> tuple[int | None, str]:
+    """`flow run` over the workspace: (its exit status or None if it did not end, its log)."""
+    p = managers.start(root, workers=2)
+    try:
+        rc: int | None = p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        rc = None
+    assert p.log is not None
+    return rc, p.log.read_text(errors="replace")
+
+
+def _assert_served(root: str, rc: int | None, log: str, bad: str, good: list[str]) -> None:
+    assert rc is not None, f"flow run did not end:\n{log}"
+    assert "Traceback" not in log, log
+    for jid in good:
+        assert job(root, jid).state is State.SUCCEEDED, log
+    h, frame = current(root, bad)
+    reported = [msg for obj, msg in problems(log) if bad in obj]
+    assert h.state is State.FAILED or len(reported) == 1, (h, frame, log)
+    if h.state is State.FAILED:
+        assert frame["failure"]["code"] == "protocol_error", frame
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: outcome.parse_child calls names.check_tag/check_ident on a non-string "
+    "tag/step of a children.jsonl line; the TypeError escapes read_outcome and kills the "
+    "manager in LocalAttempts.reap (and every manager that recovers the job after it)",
+)
+@pytest.mark.parametrize("mode", ["children_tag_int", "children_step_int"])
+def test_a_child_line_with_a_non_string_tag_or_step_fails_its_parent(
+    root: str, scripts: Path, managers: Managers, mode: str
+) -> None:
+    prog = write_script(scripts, "hostile.sh", HOSTILE)
+    [bad] = submit(root, prog, params={"mode": mode})
+    good = submit(root, prog, count=GOOD, params={"mode": "good"})
+    rc, log = _serve_one_bad_job(root, managers, bad, good)
+    _assert_served(root, rc, log, bad, good)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a marker of the grammar may name a record offset up to 36**13-1; "
+    "JournalReader.read passes it to os.pread, whose OverflowError is not a FlowError "
+    "and kills the manager in RegisterPass",
+)
+def test_a_marker_naming_an_offset_past_2_63_fails_its_job(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    prog = write_script(scripts, "hostile.sh", HOSTILE)
+    [bad] = submit(root, prog)
+    good = submit(root, prog, count=GOOD)
+    ws = Workspace.open(root)
+    try:
+        h = handle_of(ws, bad)
+        m = h.marker
+        huge = RecordRef(m.ref.writer, m.ref.segment, 36**13 - 1)
+        rename_marker(ws, h, Marker(m.key, m.priority, m.generation, huge))
+    finally:
+        ws.close()
+    rc, log = _serve_one_bad_job(root, managers, bad, good)
+    _assert_served(root, rc, log, bad, good)
+
+
+#: frames a damaged or hostile journal may hold: (state the marker is put in, members)
+MISTYPED_FRAMES = {
+    "tries_text": (State.READY, {"tries": "x"}),
+    "act_list": (State.READY, {"act": [1]}),
+    "join_children_int": (
+        State.WAITING,
+        {"join": {"mode": "all_done", "next": "two", "act": 1, "children": 5}},
+    ),
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: the snapshot members of a frame (try, tries, act, join) are used unchecked: "
+    "int(frame['tries']) in ClaimPass._claim, int(frame['act']) in attempts.prepare and "
+    "iteration of join['children'] in JoinPass._evaluate raise ValueError/TypeError, which "
+    "no pass catches, so one mistyped frame kills the manager",
+)
+@pytest.mark.parametrize("case", sorted(MISTYPED_FRAMES))
+def test_a_frame_with_mistyped_members_fails_only_its_job(
+    root: str, scripts: Path, managers: Managers, case: str
+) -> None:
+    prog = write_script(scripts, "hostile.sh", HOSTILE)
+    [bad] = submit(root, prog)
+    good = submit(root, prog, count=GOOD)
+    state, members = MISTYPED_FRAMES[case]
+    ws = Workspace.open(root)
+    try:
+        plant_frame(ws, handle_of(ws, bad), state, **members)
+    finally:
+        ws.close()
+    rc, log = _serve_one_bad_job(root, managers, bad, good)
+    _assert_served(root, rc, log, bad, good)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: names.MARKER_RE accepts base36 numbers with leading zeros (g00) while "
+    "Marker.name renders them canonically (g0), so JobHandle.path names a file that does "
+    "not exist: every transition of the job ends in a silent TransitionConflict, the job is "
+    "never registered nor reported, and `flow run` never becomes idle",
+)
+def test_a_marker_name_with_leading_zeros_is_reported_or_served(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    prog = write_script(scripts, "hostile.sh", HOSTILE)
+    [bad] = submit(root, prog)
+    good = submit(root, prog, count=GOOD)
+    ws = Workspace.open(root)
+    try:
+        h = handle_of(ws, bad)
+        path = h.path(ws)
+        os.rename(path, path.replace(f".g{h.marker.generation}.", ".g00."))
+    finally:
+        ws.close()
+    rc, log = _serve_one_bad_job(root, managers, bad, good, timeout=6)
+    assert rc is not None, f"flow run did not end:\n{log}"
+    assert "Traceback" not in log, log
+    for jid in good:
+        assert job(root, jid).state is State.SUCCEEDED, log
+    h, _ = current(root, bad)
+    reported = [msg for obj, msg in problems(log) if bad in obj]
+    assert h.state is not State.SUBMITTED or len(reported) == 1, log
+
+
+def _unblock(fifo: Path) -> None:
+    """Open a FIFO for writing and close it: a reader blocked in open() gets EOF."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: fsio.FileSystem.read_bytes opens without O_NONBLOCK and checks S_ISREG "
+    "only after open(), so a FIFO in place of job.json blocks the manager in open() "
+    "forever (outcome.json, children.jsonl and heartbeat.json likewise)",
+)
+def test_a_fifo_in_place_of_job_json_fails_its_job(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    prog = write_script(scripts, "hostile.sh", HOSTILE)
+    [bad] = submit(root, prog)
+    good = submit(root, prog, count=GOOD)
+    ws = Workspace.open(root)
+    try:
+        fifo = job_json(root, ws, bad)
+    finally:
+        ws.close()
+    fifo.unlink()
+    os.mkfifo(fifo)
+    p: ManagerProcess = managers.start(root, workers=2)
+    try:
+        ended = p.wait(6)
+    except subprocess.TimeoutExpired:
+        ended = None
+    finally:
+        _unblock(fifo)  # let a blocked manager go on, so that it can be stopped cleanly
+    assert ended is not None, "the manager is stuck opening the FIFO"
+    assert p.log is not None
+    _assert_served(root, ended, p.log.read_text(), bad, good)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: as above, for outcome.json (read_outcome)")
+def test_a_fifo_in_place_of_outcome_json_is_refused_at_once(tmp_path: Path) -> None:
+    ready = tmp_path / "a0001" / outcome.OUTCOME_DIR
+    ready.mkdir(parents=True)
+    os.mkfifo(ready / "outcome.json")
+    result: list[object] = []
+
+    def read() -> None:
+        try:
+            result.append(outcome.read_outcome(str(ready.parent)))
+        except FlowError as e:
+            result.append(e)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(2)
+    blocked = t.is_alive()
+    while t.is_alive():
+        _unblock(ready / "outcome.json")
+        t.join(0.1)
+    assert not blocked, "read_outcome blocked in open() on a FIFO"
+    assert isinstance(result[0], InvalidOutcome)
+
+
+def test_a_fifo_is_refused_once_opened(tmp_path: Path) -> None:
+    """Once open() returns (a writer came), the FIFO is refused as not a regular file."""
+    fifo = tmp_path / "job.json"
+    os.mkfifo(fifo)
+    done: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            FileSystem().read_bytes(str(fifo), 1024)
+        except BaseException as e:
+            done.append(e)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 5
+    while t.is_alive() and time.monotonic() < deadline:
+        _unblock(fifo)
+        t.join(0.05)
+    assert not t.is_alive()
+    assert isinstance(done[0], FlowError) and "regular file" in str(done[0])
