@@ -49,6 +49,8 @@ class Profile:
     backlogs: tuple[int, ...]
     #: how long the memory benchmark lets a manager serve
     serve_seconds: float
+    #: workspace sizes for the `flow status` benchmark
+    status_sizes: tuple[int, ...] = (100_000,)
     repeats: int = 3
     #: another repetition starts only if it should end within this many seconds of the first
     budget: float = math.inf
@@ -60,9 +62,17 @@ PROFILES = {
     "quick": Profile(
         "quick", (10_000,), 2_000, (10_000, 100_000), 2.0, budget=30.0, deadline=150.0
     ),
-    "full": Profile("full", (10_000, 100_000), 2_000, (10_000, 100_000), 5.0, budget=600.0),
+    "full": Profile(
+        "full",
+        (10_000, 100_000),
+        2_000,
+        (10_000, 100_000),
+        5.0,
+        status_sizes=(100_000, 1_000_000),
+        budget=600.0,
+    ),
     #: checks the runner itself in seconds; its figures mean nothing
-    "smoke": Profile("smoke", (500,), 100, (500, 2_000), 1.0, budget=5.0),
+    "smoke": Profile("smoke", (500,), 100, (500, 2_000), 1.0, status_sizes=(2_000,), budget=5.0),
 }
 
 
@@ -478,6 +488,150 @@ def bench_rss(b: Bench) -> list[Row]:
                 f"VmHWM after {secs:g}s, then SIGTERM",
             )
         )
+    return rows
+
+
+# -- 3b. the bash runner API -----------------------------------------------------------
+
+API_RUNNER = """#!/usr/bin/env bash
+source "$FLOW_BASH_API"
+flow_steps main
+step_main() { flow_succeed "done"; }
+flow_main "$@"
+"""
+
+SUCCEED_LOOP = """
+set -e
+source "$1"
+n=$2
+mkdir -p "$3"/a{0..999}  # made before the clock starts: only flow_succeed is timed
+start=$EPOCHREALTIME
+for ((i = 0; i < n; i++)); do
+    export FLOW_CONTROL_DIR=$3/a$i
+    _flow_published=0
+    flow_succeed "message $i with \"quotes\" and a tab\t"
+done
+end=$EPOCHREALTIME
+echo "$start $end"
+"""
+
+SPAWN_LOOP = """
+n=$1
+start=$EPOCHREALTIME
+for ((i = 0; i < n; i++)); do /bin/true; done
+end=$EPOCHREALTIME
+echo "$start $end"
+"""
+
+
+def _bash_seconds(out: str) -> float:
+    start, end = (float(x) for x in out.split()[-2:])
+    return end - start
+
+
+@benchmark("bash_api")
+def bench_bash_api(b: Bench) -> list[Row]:
+    """flow_succeed per call from bash (beside one external command), and API-runner jobs/s."""
+    import httk_flow.manager.attempts as attempts
+
+    api = attempts.BASH_API
+    calls = 500
+    rows = []
+
+    def one_call() -> tuple[float, float]:
+        d = b.path("succeed")
+        os.makedirs(d)
+        out = b.sh(["bash", "-c", SUCCEED_LOOP, "bench", api, str(calls), d], capture=True)
+        b.discard(d)
+        base = b.sh(["bash", "-c", SPAWN_LOOP, "bench", str(calls)], capture=True)
+        return _bash_seconds(out) / calls * 1000, _bash_seconds(base) / calls * 1000
+
+    runs = b.repeat("flow_succeed", one_call)
+    ms = median([r[0] for r in runs])
+    rows.append(
+        Row(
+            "bash flow_succeed per call",
+            calls,
+            ms,
+            "ms",
+            baseline=median([r[1] for r in runs]),
+            baseline_name="one /bin/true started from bash",
+            target="< 5 ms, no interpreter start",
+            ok=ms < 5,
+            samples=[r[0] for r in runs],
+            baseline_samples=[r[1] for r in runs],
+            command=f"bash loop over fresh control dirs: flow_succeed MSG  (x{calls})",
+        )
+    )
+    n = b.profile.e2e_jobs
+    xargs = ["sh", "-c", f"seq {n} | xargs -P2 -n1 bash -c true"]
+    prog = b.path("api-runner.sh")
+    with open(prog, "w") as fh:
+        fh.write(API_RUNNER)
+    os.chmod(prog, 0o755)
+
+    def once() -> tuple[float, float]:
+        xargs_s = b.timed(xargs)
+        ws = b.init(f"api-{n}")
+        b.sh([b.flow, "-w", ws, "submit", "--array", f"1-{n}", prog])
+        flow_s = b.timed([b.flow, "-w", ws, "run", "--workers", "2", "--quiet"])
+        _check_all_succeeded(b, ws, n)
+        b.discard(ws)
+        return n / flow_s, n / xargs_s
+
+    runs2 = b.repeat(f"api-runner n={n}", once)
+    rate = median([r[0] for r in runs2])
+    rows.append(
+        Row(
+            "e2e bash-API jobs, flow run --workers 2",
+            n,
+            rate,
+            "jobs/s",
+            baseline=median([r[1] for r in runs2]),
+            baseline_name="seq N | xargs -P2 -n1 bash -c true",
+            samples=[r[0] for r in runs2],
+            baseline_samples=[r[1] for r in runs2],
+            command=f"flow submit --array 1-{n} api-runner.sh (flow_succeed); "
+            "time flow run --workers 2 --quiet",
+        )
+    )
+    return rows
+
+
+# -- 3c. flow status on big workspaces --------------------------------------------------
+
+
+@benchmark("status")
+def bench_status(b: Bench) -> list[Row]:
+    """`flow status` on N submitted jobs, beside `find` listing the same state tree."""
+    rows = []
+    for n in b.profile.status_sizes:
+        ws = b.init(f"status-{n}")
+        b.sh([b.flow, "-w", ws, "submit", "--array", f"1-{n}", "true"])
+        find = ["sh", "-c", f"find {ws}/.flow/state -type f | wc -l"]
+
+        def once(ws: str = ws, find: list[str] = find) -> tuple[float, float]:
+            return b.timed([b.flow, "-w", ws, "status"]), b.timed(find)
+
+        runs = b.repeat(f"status n={n}", once)
+        secs = median([r[0] for r in runs])
+        limit = 1.0 if n <= 100_000 else 10.0
+        rows.append(
+            Row(
+                "flow status",
+                n,
+                secs,
+                "s",
+                baseline=median([r[1] for r in runs]),
+                baseline_name="find .flow/state -type f | wc -l",
+                target=f"< {limit:g} s",
+                ok=secs < limit,
+                samples=[r[0] for r in runs],
+                baseline_samples=[r[1] for r in runs],
+                command=f"flow submit --array 1-{n} true; time flow status",
+            )
+        )
+        b.discard(ws)
     return rows
 
 
