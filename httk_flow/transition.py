@@ -96,8 +96,10 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
     try:
         fs.rename(src, dst)
     except OSError as e:
-        if e.errno == errno.ENOENT and not os.path.isdir(dst_dir):
-            # the first job of this placement in this state: make the directory, once
+        if e.errno == errno.ENOENT:
+            # perhaps the first job of this placement in this state: make the directory
+            # (another actor may be making it too) and try once more; a source that is
+            # really gone fails again and is resolved below
             os.makedirs(dst_dir, exist_ok=True)
             try:
                 fs.rename(src, dst)
@@ -121,7 +123,13 @@ def _resolve(ws: Workspace, old: JobHandle, new: JobHandle, err: OSError) -> Non
             obj=old.path(ws),
             hint="check permissions and free space in the workspace",
         ) from err
-    other = locate_key(ws, old.placement, old.key)
+    # the job may move across kinds while we list them one by one: look a few times
+    other = None
+    for pause in (0.0, 0.01, 0.05, 0.2):
+        time.sleep(pause)
+        other = locate_key(ws, old.placement, old.key)
+        if other is not None:
+            break
     if other is not None:
         raise TransitionConflict(
             f"lost the race: the job is now {other.state.value} generation "

@@ -99,7 +99,9 @@ class Committer:
             return decision
         return Decision(State.PAUSED, "paused by request", {**decision.body, "last": "paused"})
 
-    def resume(self, job: JobHandle, frame: Frame) -> JobHandle:
+    def resume(
+        self, job: JobHandle, frame: Frame, evidence: dict[str, object] | None = None
+    ) -> JobHandle:
         """Take over a committing marker whose owner is gone, then finish its commit."""
         body = carry(
             frame,
@@ -108,6 +110,8 @@ class Committer:
             decision=frame.get("decision"),
             why="commit resumed",
         )
+        if evidence is not None:
+            body["evidence"] = evidence
         mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
         self.log.transition(job.key, "committing", "committing", "taken over")
         try:

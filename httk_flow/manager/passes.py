@@ -221,6 +221,9 @@ class ClaimPass:
             return None
         except FileNotFoundError:
             return None
+        except FlowError as e:
+            ctx.report_once(h.key, f"cannot claim: {e.render()}")
+            return None
         ctx.log.transition(h.key, "ready", "claimed")
         crash_point("claim.after_claim")
         return Claimed(claimed, spec, body, frame)
@@ -447,7 +450,7 @@ class RecoveryPass:
             transition(ctx.ws, h, State.CANCELLED, body, actor=ctx.actor)
             ctx.log.transition(h.key, "cancelling", "cancelled", f"owner {owner} {evidence}")
         elif h.state is State.COMMITTING:
-            self.committer.resume(h, frame)
+            self.committer.resume(h, frame, evidence=proof)
         elif h.state is State.RUNNING:
             spec = load_spec(ctx.ws, h.placement, h.key)
             adir = att.get("dir")

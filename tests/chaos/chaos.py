@@ -16,7 +16,9 @@ What it does:
    with nap=long, so that kills also land in the middle of steps);
 2. runs --managers `flow serve --workers 2 --lease 2s` processes while a driver SIGKILLs,
    at random moments spread over the run, either a whole manager (restarted after a short
-   random delay) or the process group of one attempt (at most 2 per job), --kills in all;
+   random delay) or the process group of one attempt (at most 2 per job), --kills in all
+   (with --nodes every manager believes it runs on a host of its own, and a manager kill is
+   a node death: its attempts are killed with it, and only lease evidence can recover them);
 3. once every job is terminal, stops the managers with SIGTERM and audits the journal, the
    state tree, the audit files and `flow fsck` (see `audit` for the invariants). It prints
    the figures and exits 1 if any invariant was violated.
@@ -61,6 +63,11 @@ from httk_flow.workspace import Workspace
 #: the tests directory, so that the manager tests' support module can be imported
 TESTS_DIR = str(Path(__file__).resolve().parent.parent)
 FLOW = [sys.executable, "-m", "httk_flow"]
+#: `flow` on another host: argv[1] is the host name its gethostname() returns
+ELSEWHERE = (
+    "import socket, sys; host = sys.argv.pop(1); socket.gethostname = lambda: host\n"
+    "from httk_flow.cli.main import main; main()"
+)
 
 #: the one program every job runs; $FLOW_PARAM_kind picks what it does
 JOB_SCRIPT = r"""#!/usr/bin/env bash
@@ -201,6 +208,13 @@ KNOWN_BUGS = {
         "(committing -> ready) is not found; the FlowError 'marker vanished' is not a "
         "TransitionConflict, escapes ClaimPass._claim and the manager exits with status 1"
     ),
+    "state-dir-race-crash": (
+        "httk_flow/transition.py rename_marker: the rename fails with ENOENT because the "
+        "target state directory of the placement does not exist yet, another manager "
+        "creates it before the isdir check, so no retry is made and _resolve, finding the "
+        "source still there, raises FlowError 'cannot move marker (No such file or "
+        "directory)'; it escapes ClaimPass._claim and the manager exits with status 1"
+    ),
     "resume-without-evidence": (
         "httk_flow/manager/passes.py RecoveryPass._one: a committing marker whose owner is "
         "gone is taken over by committer.resume(h, frame), which is not given the proof: "
@@ -208,12 +222,17 @@ KNOWN_BUGS = {
     ),
 }
 VANISHED = "marker vanished during a transition and no other marker exists"
+NO_DIR = ": cannot move marker (No such file or directory); "
 
 
 def known_bug_exit(rc: int, last_line: str) -> str | None:
     """The known bug a manager's own exit is (status 1, its last line the error), or None."""
-    if rc == 1 and last_line.startswith("flow: error: job ") and VANISHED in last_line:
+    if rc != 1 or not last_line.startswith("flow: error: "):
+        return None
+    if last_line.startswith("flow: error: job ") and VANISHED in last_line:
         return "vanished-marker-crash"
+    if "/.flow/state/" in last_line and NO_DIR in last_line:
+        return "state-dir-race-crash"
     return None
 
 
@@ -244,8 +263,12 @@ class ChaosConfig:
     #: give up (a violation) when the jobs are not all terminal after this many seconds
     timeout: float = 3600.0
     durable: bool = False
-    #: count meetings with KNOWN_BUGS as violations
-    strict: bool = False
+    #: every manager runs on a host of its own (its gethostname lies) and a manager kill
+    #: is a node death: the manager and its attempts die together, and the work is taken
+    #: over on lease evidence (the workspace allows persistent workdirs to be)
+    nodes: bool = False
+    #: count meetings with KNOWN_BUGS as violations (they are fixed: any meeting is a regression)
+    strict: bool = True
     #: kills fire while this share of the jobs is terminal, uniformly spread
     kill_window: tuple[float, float] = (0.02, 0.85)
     verbose: bool = True
@@ -344,6 +367,7 @@ class Report:
                 "lease": c.lease,
                 "seed": c.seed,
                 "durable": c.durable,
+                "nodes": c.nodes,
                 "manager_share": c.manager_share,
                 "long_share": c.long_share,
             },
@@ -377,10 +401,16 @@ class Report:
         by_evidence = ", ".join(f"{k} {n}" for k, n in sorted(self.recoveries.items()))
         lines = [
             f"chaos: seed {c.seed}, {c.managers} managers x {c.workers} workers, lease {c.lease}"
-            f"{', durable' if c.durable else ''}",
+            f"{', durable' if c.durable else ''}"
+            f"{', a host per manager (manager kills are node deaths)' if c.nodes else ''}",
             f"jobs: {self.jobs_top} submitted ({kinds}), {self.jobs_total} with children",
             f"kills: {self.kills} of {self.kills_planned} planned (managers {self.kills_manager}"
-            f" / attempts {self.kills_attempt}); {self.manager_starts} manager starts",
+            f" / attempts {self.kills_attempt}); {self.manager_starts} manager starts"
+            + (
+                f"; the node deaths killed {t['node_death_attempts']} attempts with them"
+                if c.nodes
+                else ""
+            ),
             f"attempts launched: {t['attempts']}; transitions: {t['frames']}",
             f"commits: {t['commits']} = {t['ending_commits']} ending an activation + "
             f"{t['rerun_interrupted']} interrupted + {t['rerun_process_failure']} process "
@@ -424,6 +454,11 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
         return fields[0].decode(), int(fields[1]), int(fields[2])
     except (IndexError, ValueError):
         return None
+
+
+def _parent(pid: int) -> int | None:
+    st = _proc_stat(pid)
+    return st[1] if st else None
 
 
 def _environ(pid: int) -> bytes:
@@ -475,13 +510,18 @@ def orphan_reaper() -> contextlib.AbstractContextManager[Any]:
 # -- setup ------------------------------------------------------------------------------
 
 
-def make_workspace(path: Path, *, durable: bool) -> str:
+def make_workspace(path: Path, *, durable: bool, persistent_takeover: bool = False) -> str:
     """A workspace whose retries back off 0.2 s, doubling up to 2 s."""
     ws = Workspace.create(str(path))
     ws.close()
     fmt_path = Path(ws.flow) / "format.json"
     fmt = orjson.loads(fmt_path.read_bytes())
-    fmt["policy"].update(backoff_base=0.2, backoff_cap=2.0, durable=durable)
+    fmt["policy"].update(
+        backoff_base=0.2,
+        backoff_cap=2.0,
+        durable=durable,
+        persistent_takeover=persistent_takeover,
+    )
     fmt_path.write_bytes(orjson.dumps(fmt, option=orjson.OPT_INDENT_2))
     return ws.root
 
@@ -589,7 +629,11 @@ class Driver:
     def start_manager(self) -> None:
         self.report.manager_starts += 1
         n = self.report.manager_starts
-        argv = [*FLOW, "serve", "-w", self.root, "--workers", str(self.cfg.workers)]
+        flow = FLOW
+        if self.cfg.nodes:
+            # every manager start is a fresh node: its gethostname() answers node<n>
+            flow = [sys.executable, "-c", ELSEWHERE, f"node{n:03d}"]
+        argv = [*flow, "serve", "-w", self.root, "--workers", str(self.cfg.workers)]
         argv += ["--lease", self.cfg.lease]
         log = self.logs / f"manager-{n:03d}.log"
         with open(log, "wb") as out:
@@ -621,14 +665,28 @@ class Driver:
             self.restarts.append(time.monotonic())
 
     def _kill_manager(self) -> bool:
+        """SIGKILL a manager; with cfg.nodes, its node dies: its attempts die with it."""
         if not self.procs:
             return False
         p = self.rng.choice(self.procs)
+        groups: list[int] = []
+        if self.cfg.nodes:
+            # frozen first, so that it launches nothing between the listing and the kill
+            p.send_signal(signal.SIGSTOP)
+            groups = [
+                pid
+                for pid, state, pgid, _ in workspace_processes(self.root)
+                if pgid == pid and state not in ("Z", "X") and _parent(pid) == p.pid
+            ]
         p.kill()
         p.wait()
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
         self.procs.remove(p)
         self._run_of(p).ended = "killed"
         self.report.kills_manager += 1
+        self.report.tally["node_death_attempts"] += len(groups)
         self.restarts.append(time.monotonic() + self.rng.uniform(0.05, 1.5))
         return True
 
@@ -1046,7 +1104,8 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print, command: 
     work.mkdir(parents=True, exist_ok=True)
     if (work / "ws").exists():
         raise SystemExit(f"{work / 'ws'} exists: give an empty --workdir")
-    root = make_workspace(work / "ws", durable=cfg.durable)
+    # a dead node's persistent workdirs are taken over on lease age (its attempts died too)
+    root = make_workspace(work / "ws", durable=cfg.durable, persistent_takeover=cfg.nodes)
     report.root = root
     audit_dir = work / "audit"
     audit_dir.mkdir(exist_ok=True)
@@ -1101,7 +1160,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-share", type=float, default=0.1, help="jobs whose steps last 0-2 s")
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--durable", action="store_true", help="fsync everything (policy)")
-    ap.add_argument("--strict", action="store_true", help="count known bugs as violations")
+    ap.add_argument(
+        "--lenient",
+        dest="strict",
+        action="store_false",
+        help="count meetings with the (fixed) known bugs apart from violations",
+    )
+    ap.add_argument(
+        "--nodes",
+        action="store_true",
+        help="each manager on a host of its own; a manager kill kills its attempts too",
+    )
     a = ap.parse_args(argv)
     cfg = ChaosConfig(
         jobs=a.jobs,
@@ -1116,6 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=a.timeout,
         durable=a.durable,
         strict=a.strict,
+        nodes=a.nodes,
     )
     command = shlex.join(
         ["python", "tests/chaos/chaos.py", *(argv if argv is not None else sys.argv[1:])]
