@@ -37,10 +37,13 @@ class FileSystem:
         """Read a regular file we own, refusing symlinks; at most `limit` bytes."""
         for attempt in range(3):
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                # O_NONBLOCK: a FIFO planted in place of a file must not hang the reader
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     raise UnsafePath("is a symbolic link; refusing to follow it", obj=path) from e
+                if e.errno in RETRYABLE_READ_ERRNOS and attempt < 2:
+                    continue
                 raise
             try:
                 st = os.fstat(fd)
@@ -81,7 +84,15 @@ class _Installed(FileSystem):
         return self.impl.scandir(path)
 
     def read_bytes(self, path: str, limit: int) -> bytes:
-        return self.impl.read_bytes(path, limit)
+        # a file replaced under a reader on NFS answers ESTALE: read it again, a few times,
+        # rather than take it for damage
+        for attempt in range(4):
+            try:
+                return self.impl.read_bytes(path, limit)
+            except OSError as e:
+                if e.errno not in RETRYABLE_READ_ERRNOS or attempt == 3:
+                    raise
+        raise AssertionError("unreachable")
 
 
 # modules do `from httk_flow.fsio import fs`, so this object must stay the same one
@@ -124,7 +135,12 @@ def atomic_write(path: str, data: bytes, *, durable: bool, tmp_dir: str | None =
     tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
         write_file(tmp, data, durable=durable)
-        fs.rename(tmp, path)
+        try:
+            fs.rename(tmp, path)
+        except OSError:
+            # a rename that happened although it reported an error (NFS retransmit)
+            if os.path.lexists(tmp) or not os.path.lexists(path):
+                raise
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -88,7 +88,8 @@ def all_jobs(ws: Workspace, states: tuple[State, ...] = tuple(State)) -> Iterato
 def find(ws: Workspace, ident: str) -> JobHandle:
     """A job by id, unique id prefix (8+ characters), key, or a tag naming exactly one job."""
     ident = ident.strip()
-    matches = list(_matches(ws, ident))
+    # a job moving between two listings may be seen twice: one key, one job
+    matches = list({h.key: h for h in _matches(ws, ident)}.values())
     if len(matches) == 1:
         return matches[0]
     if not matches:

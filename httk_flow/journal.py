@@ -113,6 +113,48 @@ class JournalWriter:
             self._fd = -1
 
 
+#: members every reader relies on, and their types (checked when a frame is read)
+_INT_MEMBERS = ("gen", "act", "try", "tries", "intr")
+_STR_MEMBERS = ("job", "key", "placement", "to", "step")
+_DICT_MEMBERS = ("attempt", "join", "result", "decision", "failure", "evidence")
+
+
+def check_frame(frame: Frame) -> str | None:
+    """The first member of a frame whose type is wrong, or None: parsed at the boundary."""
+    for k in _INT_MEMBERS:
+        v = frame.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            return f"member {k!r}"
+    for k in _STR_MEMBERS:
+        v = frame.get(k)
+        if v is not None and not isinstance(v, str):
+            return f"member {k!r}"
+    for k in _DICT_MEMBERS:
+        v = frame.get(k)
+        if v is not None and not isinstance(v, dict):
+            return f"member {k!r}"
+    prev = frame.get("prev")
+    if prev is not None and not isinstance(prev, str):
+        return "member 'prev'"
+    join = frame.get("join")
+    if isinstance(join, dict):
+        kids = join.get("children", [])
+        if (
+            not isinstance(kids, list)
+            or not all(
+                isinstance(c, list)
+                and len(c) == 2
+                and isinstance(c[0], str)
+                and (c[1] is None or isinstance(c[1], str))
+                for c in kids
+            )
+            or not isinstance(join.get("act", 0), int)
+            or not isinstance(join.get("next", ""), str)
+        ):
+            return "join"
+    return None
+
+
 class JournalReader:
     """Reads frames by reference through a small cache of open segment handles."""
 
@@ -147,7 +189,12 @@ class JournalReader:
         buf = b""
         pos = ref.offset
         while True:
-            chunk = os.pread(fd, _READ_CHUNK if not buf else len(buf), pos)
+            try:
+                chunk = os.pread(fd, _READ_CHUNK if not buf else len(buf), pos)
+            except (OverflowError, OSError) as e:
+                raise CorruptRecord(
+                    f"journal frame cannot be read ({e})", obj=f"record {ref}"
+                ) from None
             if not chunk:
                 raise CorruptRecord("journal frame is torn or missing", obj=f"record {ref}")
             nl = chunk.find(b"\n")
@@ -164,6 +211,9 @@ class JournalReader:
             raise CorruptRecord("journal frame is not valid JSON", obj=f"record {ref}") from e
         if not isinstance(frame, dict):
             raise CorruptRecord("journal frame is not an object", obj=f"record {ref}")
+        bad = check_frame(frame)
+        if bad:
+            raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}")
         return frame
 
     def chain(self, ref: RecordRef, *, limit: int = 100_000) -> Iterator[Frame]:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from httk_flow.errors import UsageError
 from httk_flow.jobs import view
+from httk_flow.names import attempt_name
 from httk_flow.transition import JobHandle, locate_key
 from httk_flow.workspace import Workspace
 
@@ -25,10 +26,13 @@ def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
                 f"has no attempt {attempt} (it has 1-{len(attempts)})", obj=f"job {job.key}"
             )
         chosen = match[0]
-    d = chosen.get("dir")
-    if not isinstance(d, str):
-        d = os.path.join(ws.job_dir(job.placement, job.key), "attempts", str(chosen.get("id")))
-    return d
+    n = chosen.get("n")
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise UsageError(
+            "has a damaged attempt record", obj=f"job {job.key}", hint="run `flow fsck`"
+        )
+    # derived from the number, never taken from the frame: a frame cannot point us elsewhere
+    return os.path.join(ws.job_dir(job.placement, job.key), "attempts", attempt_name(n))
 
 
 def read_log(

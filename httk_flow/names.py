@@ -14,7 +14,7 @@ from httk_flow.errors import InvalidName
 _ID = r"[0-9a-f]{32}"
 _TAG = r"[A-Za-z0-9][A-Za-z0-9_+-]{0,63}"
 _WRITER = r"[a-z0-9]{1,24}"
-_B36 = r"[0-9a-z]{1,13}"
+_B36 = r"(?:0|[1-9a-z][0-9a-z]{0,12})"  # canonical: one spelling per number
 ID_RE = re.compile(_ID)
 TAG_RE = re.compile(_TAG)
 KEY_RE = re.compile(rf"(?:(?P<tag>{_TAG})--)?(?P<id>{_ID})")
@@ -116,6 +116,11 @@ def check_placement(placement: str) -> str:
                 obj=obj,
             )
     return p
+
+
+def attempt_name(n: int) -> str:
+    """The directory name of a job's attempt number n (1-based), under attempts/."""
+    return f"a{n:04d}"
 
 
 def default_placement(job_id: str) -> str:

@@ -179,8 +179,12 @@ def parse_child(line: bytes, where: str) -> ChildDef:
         names.check_label(label, "child label")
         tag = d.get("tag")
         if tag is not None:
+            if not isinstance(tag, str):
+                raise InvalidOutcome("tag must be a string", obj=where)
             names.check_tag(tag)
         step = d.get("step", "main")
+        if not isinstance(step, str):
+            raise InvalidOutcome("step must be a string", obj=where)
         names.check_ident(step, "step name")
         params = d.get("params", {})
         if not isinstance(params, dict):

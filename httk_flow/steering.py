@@ -189,6 +189,8 @@ def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:
 
 
 def _pause_path(ws: Workspace, job_id: str) -> str:
+    if not names.ID_RE.fullmatch(job_id):
+        raise UsageError("is not a job id", obj=f"pause request {job_id!r}")
     return os.path.join(ws.requests, PAUSE_DIR, job_id)
 
 
@@ -207,7 +209,7 @@ def pending_pauses(ws: Workspace) -> set[str]:
         return {
             e.name
             for e in fs.scandir(os.path.join(ws.requests, PAUSE_DIR))
-            if names.ID_RE.fullmatch(e.name)
+            if names.ID_RE.fullmatch(e.name) and e.is_file(follow_symlinks=False)
         }
     except FileNotFoundError:
         return set()
@@ -218,3 +220,5 @@ def clear_pause(ws: Workspace, job_id: str) -> None:
         os.unlink(_pause_path(ws, job_id))
     except FileNotFoundError:
         pass
+    except OSError:
+        pass  # not a file we made (a planted directory): fsck reports it, nothing breaks

@@ -93,6 +93,7 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
     """Rename old -> new, creating the target directory once, resolving any error."""
     src, dst = old.path(ws), new.path(ws)
     dst_dir = os.path.dirname(dst)
+    ws.check_state_dir(dst_dir)
     try:
         fs.rename(src, dst)
     except OSError as e:
@@ -101,6 +102,7 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
             # (another actor may be making it too) and try once more; a source that is
             # really gone fails again and is resolved below
             os.makedirs(dst_dir, exist_ok=True)
+            ws.check_state_dir(dst_dir, again=True)
             try:
                 fs.rename(src, dst)
             except OSError as e2:

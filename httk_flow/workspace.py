@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from httk_flow.errors import UsageError, WorkspaceError
+from httk_flow.errors import UnsafePath, UsageError, WorkspaceError
 from httk_flow.fsio import atomic_write, fs, fsync_dir
 from httk_flow.journal import JournalReader, JournalWriter
 from httk_flow.names import Marker, new_id
@@ -130,6 +130,8 @@ class Workspace:
         self._writer: JournalWriter | None = None
         self._reader: JournalReader | None = None
         self._known_dirs: set[str] = set()
+        self._safe_dirs: set[str] = set()
+        self._real_state = os.path.realpath(self.state_root)
 
     # -- creation and discovery -------------------------------------------------
 
@@ -210,6 +212,23 @@ class Workspace:
             return
         os.makedirs(path, exist_ok=True)
         self._known_dirs.add(path)
+
+    def check_state_dir(self, path: str, *, again: bool = False) -> None:
+        """Refuse a state directory that leads out of the state tree (a planted symlink).
+
+        Checked once per directory per process: realpath costs a few lstat calls."""
+        if path in self._safe_dirs and not again:
+            return
+        if not os.path.lexists(path):
+            return  # about to be made; checked again once it exists
+        real = os.path.realpath(path)
+        if real != self._real_state and not real.startswith(self._real_state + os.sep):
+            raise UnsafePath(
+                "leads out of the workspace's state tree; refusing to use it",
+                obj=path,
+                hint="remove the symbolic link and run `flow fsck`",
+            )
+        self._safe_dirs.add(path)
 
     def forget_dir(self, path: str) -> None:
         self._known_dirs.discard(path)

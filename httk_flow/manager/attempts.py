@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -13,6 +14,7 @@ import orjson
 from httk_flow.fsio import write_file
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
+from httk_flow.names import attempt_name
 from httk_flow.workspace import Workspace
 
 #: reasons a previous attempt ended that make the next start an unclean restart
@@ -35,8 +37,20 @@ def _base_env() -> tuple[tuple[str, str], ...]:
     return tuple(os.environ.items())
 
 
-def attempt_name(n: int) -> str:
-    return f"a{n:04d}"
+def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> None:
+    """A job directory or attempts/ that is a symlink out of the workspace is refused."""
+    for p in (job_dir, attempts):
+        if os.path.islink(p):
+            raise OSError(errno.ELOOP, "is a symbolic link; refusing to write through it", p)
+    real = os.path.realpath(job_dir)
+    root = os.path.realpath(ws.root)
+    if not real.startswith(root + os.sep):
+        raise OSError(errno.EXDEV, "lies outside the workspace", job_dir)
+
+
+def attempt_dir(ws: Workspace, placement: str, key: str, number: int) -> str:
+    """Where attempt `number` of a job lives: derived, never read from a frame."""
+    return os.path.join(ws.job_dir(placement, key), "attempts", attempt_name(number))
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,7 @@ def prepare(
     job_dir = ws.job_dir(spec.placement, spec.key)
     name = attempt_name(number)
     adir = os.path.join(job_dir, "attempts", name)
+    _check_inside(ws, job_dir, os.path.dirname(adir))
     try:
         os.mkdir(adir)
     except FileNotFoundError:

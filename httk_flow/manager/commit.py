@@ -19,6 +19,7 @@ from httk_flow.jobspec import JobSpec, ParentRef
 from httk_flow.journal import Frame
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.log import ManagerLog
+from httk_flow.names import attempt_name
 from httk_flow.outcome import ChildDef, read_outcome
 from httk_flow.states import State
 from httk_flow.steering import clear_pause
@@ -49,6 +50,9 @@ class Committer:
         drained: bool = False,
     ) -> Ending:
         """Read the attempt's published outcome (if any) into an Ending."""
+        if not os.path.isdir(attempt_dir):
+            gone = f"the attempt directory {attempt_dir} vanished while it ran"
+            return Ending(exit_code, sig, None, gone)
         try:
             out = read_outcome(attempt_dir)
         except InvalidOutcome as e:
@@ -132,9 +136,14 @@ class Committer:
         if decision.target is State.WAITING:
             # the children live in the attempt's outcome; read them again
             att = frame.get("attempt") or {}
-            adir = att.get("dir") if isinstance(att, dict) else None
+            n = att.get("n") if isinstance(att, dict) else None
+            adir = (
+                os.path.join(self.ws.job_dir(job.placement, job.key), "attempts", attempt_name(n))
+                if isinstance(n, int) and not isinstance(n, bool)
+                else None
+            )
             try:
-                out = read_outcome(str(adir)) if adir else None
+                out = read_outcome(adir) if adir else None
             except InvalidOutcome:
                 out = None
             decision = Decision(

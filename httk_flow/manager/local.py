@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from httk_flow.crash import crash_point
-from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
 from httk_flow.jobs import fail
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
@@ -103,6 +104,10 @@ class LocalAttempts:
             proc.wait()
             proc.close()
             self.log.problem(claimed.key, f"lost the job before launch: {e.render()}")
+            if isinstance(e, UnsafePath):
+                # the job cannot live where it is: fail it rather than hold it claimed
+                with contextlib.suppress(FlowError):
+                    fail(self.ws, claimed, claim_body, "unsafe_path", e.render(), actor=self.actor)
             return None
         crash_point("launch.after_running")
         proc.open_gate()
@@ -141,6 +146,11 @@ class LocalAttempts:
             return self._fenced(la, code, sig)
         except FlowError as e:
             self.log.problem(la.job.key, f"commit failed: {e.render()}")
+            if isinstance(e, UnsafePath):
+                with contextlib.suppress(FlowError):
+                    return fail(
+                        self.ws, la.job, la.frame, "unsafe_path", e.render(), actor=self.actor
+                    )
             return None
 
     def _fenced(self, la: LocalAttempt, code: int | None, sig: int | None) -> JobHandle | None:

@@ -313,5 +313,6 @@ class Manager:
             if any_marker(self.ws, st, self.config.placements):
                 return False
         return not any(
-            self.claim.serves(h) for h in walk_all(self.ws, State.READY, self.config.placements)
+            h.key not in self.claim.unclaimable and self.claim.serves(h)
+            for h in walk_all(self.ws, State.READY, self.config.placements)
         )

@@ -29,6 +29,7 @@ class OwnerOracle:
         self._at = -1e18
         self._by_id: dict[str, Liveness] = {}
         self._cleared: set[str] = set()
+        self._unseen: dict[str, float] = {}
 
     def managers(self) -> dict[str, Liveness]:
         if self.clock() - self._at >= self.refresh:
@@ -65,7 +66,12 @@ class OwnerOracle:
             self._at = -1e18
             lv = self.managers().get(owner)
             if lv is None:
-                return "no_heartbeat"
+                # a heartbeat may show up late on a shared filesystem: only an owner unseen
+                # for a whole takeover grace is taken to have none
+                first = self._unseen.setdefault(owner, self.clock())
+                grace = self.ws.policy.lease * self.ws.policy.takeover_factor
+                return "no_heartbeat" if self.clock() - first > grace else None
+            self._unseen.pop(owner, None)
         if lv.stopped:
             return "stopped"
         same_host = lv.info.host == self.ws.host and lv.info.pid != os.getpid()

@@ -20,6 +20,7 @@ from httk_flow.errors import FlowError, TransitionConflict
 from httk_flow.jobs import fail, load_spec, register
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
+from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import group_alive, process_alive, signal_group
@@ -132,6 +133,8 @@ class ClaimPass:
         self._queued: set[tuple[str, int]] = set()
         self._seq = 0
         self._too_long: dict[str, float] = {}
+        #: ready jobs this manager reported it cannot claim (damaged): not pending work
+        self.unclaimable: set[str] = set()
 
     def serves(self, h: JobHandle) -> bool:
         sc = self.registry.get(h.marker.service)
@@ -223,6 +226,7 @@ class ClaimPass:
             return None
         except FlowError as e:
             ctx.report_once(h.key, f"cannot claim: {e.render()}")
+            self.unclaimable.add(h.key)
             return None
         ctx.log.transition(h.key, "ready", "claimed")
         crash_point("claim.after_claim")
@@ -453,10 +457,13 @@ class RecoveryPass:
             self.committer.resume(h, frame, evidence=proof)
         elif h.state is State.RUNNING:
             spec = load_spec(ctx.ws, h.placement, h.key)
-            adir = att.get("dir")
+            n = att.get("n")
+            # the directory is derived from the attempt number, never taken from the frame
             ending = (
-                self.committer.ending_from_dir(adir, None, None, interrupted=True)
-                if isinstance(adir, str)
+                self.committer.ending_from_dir(
+                    attempt_dir(ctx.ws, h.placement, h.key, n), None, None, interrupted=True
+                )
+                if isinstance(n, int) and not isinstance(n, bool)
                 else Ending(None, None, interrupted=True)
             )
             self.committer.commit(h, spec, {**carry(frame), "attempt": att}, ending, proof)

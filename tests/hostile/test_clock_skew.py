@@ -2,15 +2,14 @@
 liveness is the heartbeat's age in the shared filesystem's clock (leases.fs_now), not in
 either node's. Once the live manager really dies, the skewed one does take over.
 
-The skewed manager runs under libfaketime when it is installed and behaves as a shared
-filesystem would (utime(NULL) stamped by the filesystem, not by the faked clock), else under
-a wrapper that shifts time.time() before importing httk_flow."""
+The skewed manager runs with libfaketime preloaded when it is installed (`apt-get install
+faketime`) and leaves utime(NULL) to the filesystem, as a shared filesystem's server
+stamps it; else under a wrapper that shifts time.time() before importing httk_flow."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,9 +17,11 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_for
-from manager.support import Managers, ManagerProcess, job, log_of, submit, write_script
+from manager.support import ManagerProcess, Managers, log_of, submit, write_script
 
 from httk_flow.states import State
+
+from .support import job_now
 
 SKEW = 3 * 3600.0
 LEASE = "1s"  # takeover after 2 s of silence (the default takeover factor)
@@ -52,19 +53,33 @@ exit 0
 """
 
 
+#: where Debian and others install libfaketime's preload library
+LIBFAKETIME = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+    "/usr/local/lib/faketime/libfaketime.so.1",
+)
+
+
 def _skewed_launcher(tmp: Path) -> tuple[list[str], dict[str, str], float]:
-    """(argv prefix before SKEWED_FLOW's host argument, environment, skew it passes on)."""
+    """(argv before SKEWED_FLOW's host argument, environment, skew it passes on).
+
+    libfaketime is preloaded into the manager itself (not through the `faketime` command,
+    whose child would outlive a kill of the command); it must leave utime(NULL) to the
+    filesystem, as a shared filesystem's server stamps it."""
     probe = tmp / "clock-probe"
-    candidates: list[tuple[list[str], dict[str, str], float]] = []
-    if shutil.which("faketime"):
-        for fake_utime in ("1", "0"):
-            env = {"FAKE_UTIME": fake_utime}
-            candidates.append((["faketime", "-f", f"+{int(SKEW)}s"], env, 0.0))
-    candidates.append(([], {}, SKEW))
-    for prefix, env, skew in candidates:
-        code = PROBE if not skew else f"import time; time.time = (lambda r: lambda: r() + {skew})(time.time)\n" + PROBE
+    candidates: list[tuple[dict[str, str], float]] = []
+    for lib in LIBFAKETIME:
+        if os.path.exists(lib):
+            for fake_utime in ("1", "0"):
+                env = {"LD_PRELOAD": lib, "FAKETIME": f"+{int(SKEW)}", "FAKE_UTIME": fake_utime}
+                candidates.append((env, 0.0))
+    candidates.append(({}, SKEW))
+    for env, skew in candidates:
+        shift = f"import time; time.time = (lambda r: lambda: r() + {skew})(time.time)\n"
         r = subprocess.run(
-            [*prefix, sys.executable, "-c", code, str(probe)],
+            [sys.executable, "-c", (shift if skew else "") + PROBE, str(probe)],
             capture_output=True,
             text=True,
             env={**os.environ, **env},
@@ -75,7 +90,7 @@ def _skewed_launcher(tmp: Path) -> tuple[list[str], dict[str, str], float]:
         seen = json.loads(r.stdout)
         now = time.time()
         if abs(seen["time"] - now - SKEW) < 60 and abs(seen["fs"] - now) < 60:
-            return [*prefix, sys.executable, "-c", SKEWED_FLOW], env, skew
+            return [sys.executable, "-c", SKEWED_FLOW], env, skew
     pytest.fail("no way to run a process with a skewed clock")
 
 
@@ -117,17 +132,17 @@ def test_a_manager_hours_ahead_does_not_take_over_live_work(
     prog = write_script(scripts, "long.sh", LONG_FIRST)
     [long_job] = submit(root, prog, workdir="isolated", params={"runs": str(runs)})
     a = _start(managers, root, [*plain, "node-a", "0"], {}, "--workers", "1")
-    wait_for(lambda: job(root, long_job).state is State.RUNNING, 20)
-    owner = job(root, long_job).last["attempt"]["manager"]
+    wait_for(lambda: job_now(root, long_job).state is State.RUNNING, 20)
+    owner = job_now(root, long_job).last["attempt"]["manager"]
 
     quick = submit(root, write_script(scripts, "ok.sh", "exit 0\n"), count=3)
     b = _start(managers, root, [*skewed, "node-b", str(skew)], skew_env, "--workers", "2")
-    wait_for(lambda: all(job(root, j).state is State.SUCCEEDED for j in quick), 20)
+    wait_for(lambda: all(job_now(root, j).state is State.SUCCEEDED for j in quick), 20)
     b_info = _heartbeat(root, "node-b")
     assert float(b_info["started"]) - time.time() > SKEW - 600, "B's clock is not skewed"
     # B has run for more than the takeover grace of A's lease (2 s) several times over
     time.sleep(4)
-    info = job(root, long_job)
+    info = job_now(root, long_job)
     assert info.state is State.RUNNING, log_of(b)
     assert info.last["attempt"]["manager"] == owner
     assert not [f for f in info.frames if "evidence" in f], info.frames
@@ -137,7 +152,7 @@ def test_a_manager_hours_ahead_does_not_take_over_live_work(
     # control: once A is really gone, B (still skewed) takes its work over on lease age
     a.kill()
     a.wait()
-    wait_for(lambda: job(root, long_job).state is State.SUCCEEDED, 30)
-    evidence = [f["evidence"] for f in job(root, long_job).frames if "evidence" in f]
+    wait_for(lambda: job_now(root, long_job).state is State.SUCCEEDED, 30)
+    evidence = [f["evidence"] for f in job_now(root, long_job).frames if "evidence" in f]
     assert evidence and evidence[0]["owner"] == owner, evidence
     assert evidence[0]["evidence"] == "lease_expired"

@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 from helpers import wait_for
-from manager.support import Managers, flow, job, log_of, submit, write_script
+from manager.support import Managers, flow, log_of, submit, write_script
 
 from httk_flow.procs import group_members_alive, process_alive
 from httk_flow.states import State
+
+from .support import job_now
 
 #: starts a daemon that ignores TERM, records its pid, then exits or keeps running
 FORKER = r"""
@@ -27,7 +29,7 @@ exit 0
 
 
 def _daemon(root: str, jid: str) -> int:
-    return int((job(root, jid).job_dir(root) / "run" / "daemon.pid").read_text())
+    return int((job_now(root, jid).job_dir(root) / "run" / "daemon.pid").read_text())
 
 
 def _kill(pid: int) -> None:
@@ -41,20 +43,20 @@ def test_cancel_stops_every_member_of_the_attempts_group(
     prog = write_script(scripts, "forker.sh", FORKER)
     [jid] = submit(root, prog, params={"then": "run"})
     p = managers.start(root, "--kill-grace", "1s", command="serve")
-    wait_for(lambda: (job(root, jid).job_dir(root) / "run" / "started").exists(), 20)
+    wait_for(lambda: (job_now(root, jid).job_dir(root) / "run" / "started").exists(), 20)
     daemon = _daemon(root, jid)
-    pgid = job(root, jid).last["attempt"]["pgid"]
+    pgid = job_now(root, jid).last["attempt"]["pgid"]
     assert os.getpgid(daemon) == pgid, "the daemon stays in the attempt's group"
     try:
         r = flow("-w", root, "cancel", jid)
         assert r.returncode == 0, r.stderr
-        wait_for(lambda: job(root, jid).state is State.CANCELLED, 20)
+        wait_for(lambda: job_now(root, jid).state is State.CANCELLED, 20)
         assert not process_alive(daemon, None), "the TERM-ignoring daemon survived"
         assert not group_members_alive(pgid)
-        assert job(root, jid).last["evidence"]["group_gone"] is True
+        assert job_now(root, jid).last["evidence"]["group_gone"] is True
         # the manager serves on: a job submitted now still runs
         [later] = submit(root, prog, params={"then": "exit"})
-        wait_for(lambda: job(root, later).state is State.SUCCEEDED, 20)
+        wait_for(lambda: job_now(root, later).state is State.SUCCEEDED, 20)
         _kill(_daemon(root, later))
         assert p.poll() is None, log_of(p)
     finally:
@@ -72,7 +74,7 @@ def test_a_daemon_outlives_a_normal_exit_and_holds_nothing_up(
     started = time.monotonic()
     assert managers.run(root) == 0
     assert time.monotonic() - started < 30, "flow run waited for the daemon"
-    info = job(root, jid)
+    info = job_now(root, jid)
     daemon = _daemon(root, jid)
     try:
         assert info.state is State.SUCCEEDED

@@ -27,7 +27,16 @@ from httk_flow.names import Marker, RecordRef, new_id
 from httk_flow.states import State
 from httk_flow.workspace import Workspace
 
-from .support import HOSTILE, current, handles, handle_of, job_json, problems, rename_marker, segment_path
+from .support import (
+    HOSTILE,
+    current,
+    handle_of,
+    handles,
+    job_json,
+    problems,
+    rename_marker,
+    segment_path,
+)
 
 #: job.json replaced after submission: how, and a word the failure message must contain
 JOB_JSON_CASES = {
