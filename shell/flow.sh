@@ -104,7 +104,7 @@ _flow_prefix() {
 }
 
 _flow_has_outcome() {
-    [[ $_flow_published == 1 || -e ${FLOW_CONTROL_DIR-}/outcome.ready ]]
+    [[ $_flow_published == 1 || (-n ${FLOW_CONTROL_DIR-} && -e $FLOW_CONTROL_DIR/outcome.ready) ]]
 }
 
 # _flow_write ACTION MESSAGE EXTRA: publish one outcome (EXTRA: more ,"key":value fields).

@@ -313,6 +313,8 @@ class Manager:
             if any_marker(self.ws, st, self.config.placements):
                 return False
         return not any(
-            h.key not in self.claim.unclaimable and self.claim.serves(h)
+            h.key not in self.claim.unclaimable
+            and not self.claim.too_long_for_us(h.key)
+            and self.claim.serves(h)
             for h in walk_all(self.ws, State.READY, self.config.placements)
         )

@@ -184,6 +184,10 @@ class ClaimPass:
                 out.append(got)
         return out
 
+    def too_long_for_us(self, key: str) -> bool:
+        """A job whose declared time does not fit before this manager's end: not ours."""
+        return key in self._too_long
+
     @property
     def backlog(self) -> int:
         """Candidates known but not yet claimable (in backoff)."""
