@@ -28,6 +28,8 @@ POINTS = (
     "join.after_release",
     "cancel.after_fence",
     "cancel.after_signal",
+    "request.after_claim",
+    "request.after_apply",
 )
 
 

@@ -1,19 +1,22 @@
 """`flow gc`: collect what the retention policy lets go.
 
 Old attempt directories of finished jobs (the last attempt of each job is kept for
-`flow logs`), journal segments that no marker's history reaches any more, and the
-directories of managers long stopped. Never a persistent workdir, never a live attempt.
+`flow logs`), journal segments that no marker's history reaches any more, the
+directories of managers long stopped, and old retirement records of requests. Never a
+persistent workdir, never a live attempt.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 
 from filelock import FileLock, Timeout
 
+from httk_flow import requests
 from httk_flow.discovery import walk_all
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.journal import iter_segment, segment_name
@@ -69,6 +72,7 @@ def collect(ws: Workspace, *, dry_run: bool, now: float | None = None) -> GcRepo
             _attempts(ws, report, now)
             _segments(ws, report, now)
             _managers(ws, report, now)
+            _requests(ws, report, now)
     except Timeout:
         raise UsageError(
             "another fsck or gc is running on this host",
@@ -185,3 +189,19 @@ def _managers(ws: Workspace, report: GcReport, now: float) -> None:
     for lv in read_managers(ws):
         if not lv.alive and lv.age > horizon:
             _remove(report, "manager", os.path.join(ws.managers, lv.info.id), is_dir=True)
+
+
+def _requests(ws: Workspace, report: GcReport, now: float) -> None:
+    """Retirement records of requests, kept as long as the journal (`flow requests`)."""
+    horizon = now - ws.policy.keep_journal_days * DAY
+    try:
+        entries = list(os.scandir(requests.done_dir(ws)))
+    except OSError:
+        return
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mtime < horizon:
+            _remove(report, "request_record", e.path, is_dir=False)

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from httk_flow import requests
 from httk_flow.discovery import count_markers, walk_all
 from httk_flow.errors import FlowError
 from httk_flow.leases import Liveness, read_managers
@@ -25,6 +26,8 @@ class StatusReport:
     managers: list[Liveness]
     blocked: list[tuple[str, int]]
     groups: dict[str, Counter[State]] = field(default_factory=dict)
+    #: operator requests not yet applied or retired (pause, priority of running jobs)
+    requests_pending: int = 0
 
     @property
     def total(self) -> int:
@@ -109,7 +112,8 @@ def workspace_status(
     merged: Counter[str] = Counter()
     for reason, n in blocked:
         merged[reason] += n
-    return StatusReport(ws.root, counts, managers, list(merged.items()), groups)
+    pending = sum(1 for n in requests.pending_names(ws) if requests.parse_name(n) is not None)
+    return StatusReport(ws.root, counts, managers, list(merged.items()), groups, pending)
 
 
 class Throughput:

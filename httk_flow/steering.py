@@ -8,23 +8,17 @@ and records the verified exit. A pause of a running job waits for the attempt to
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from dataclasses import dataclass
 
-import orjson
-
-from httk_flow import names
+from httk_flow import names, requests
 from httk_flow.children import child_placement
 from httk_flow.crash import crash_point
 from httk_flow.errors import FlowError, TransitionConflict, UsageError
-from httk_flow.fsio import atomic_write, fs
+from httk_flow.fsio import fs
 from httk_flow.states import State
 from httk_flow.transition import JobHandle, carry, locate_key, transition
 from httk_flow.workspace import Workspace
-
-#: a pause request for a running job lives here until the attempt ends
-PAUSE_DIR = "pause"
 
 
 @dataclass(frozen=True)
@@ -69,7 +63,7 @@ def children_of(ws: Workspace, job: JobHandle) -> list[JobHandle]:
     out = []
     for st in State:
         try:
-            entries = os.listdir(ws.state_dir(st, placement))
+            entries = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
         except OSError:
             continue
         for n in entries:
@@ -125,7 +119,7 @@ def pause(ws: Workspace, job: JobHandle) -> SteerResult:
                 )
                 return SteerResult(job.key, st, new.state)
             if st in (State.CLAIMED, State.RUNNING, State.COMMITTING):
-                request_pause(ws, job.job_id)
+                requests.make(ws, job, "pause")
                 return SteerResult(job.key, st, st, "pauses when its current attempt ends")
             if st is State.SUBMITTED:
                 raise UsageError(
@@ -168,57 +162,40 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
         body["step"] = step
         body["join_ref"] = None
     new = transition(ws, job, State.READY, body, actor=_actor())
-    clear_pause(ws, job.job_id)
+    # a pause request still pending names a generation before the pause or failure, so
+    # the next manager to look retires it rather than pausing this new activation
     return SteerResult(job.key, st, new.state)
 
 
 def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:
+    """Set the job's priority now, or at the end of its current attempt if one is live."""
     names.check_priority(priority)
-    st = job.state
-    if st not in (State.READY, State.WAITING, State.PAUSED):
-        raise UsageError(
-            f"is {st.value}; priority can change while a job is ready, waiting or paused",
-            obj=f"job {job.key}",
-        )
-    frame = ws.reader.read(job.marker.ref)
-    body = carry(frame, join=frame.get("join"), why=f"priority {priority}")
-    new = transition(
-        ws, job, st, body, actor=_actor(), priority=priority, not_before=job.marker.not_before
-    )
-    return SteerResult(job.key, st, new.state, f"priority {priority}")
-
-
-def _pause_path(ws: Workspace, job_id: str) -> str:
-    if not names.ID_RE.fullmatch(job_id):
-        raise UsageError("is not a job id", obj=f"pause request {job_id!r}")
-    return os.path.join(ws.requests, PAUSE_DIR, job_id)
-
-
-def request_pause(ws: Workspace, job_id: str) -> None:
-    d = os.path.join(ws.requests, PAUSE_DIR)
-    ws.ensure_dir(d)
-    data = orjson.dumps(
-        {"op": "pause", "job": job_id, "t": time.time(), "nonce": secrets.token_hex(4)}
-    )
-    atomic_write(_pause_path(ws, job_id), data, durable=ws.policy.durable)
-
-
-def pending_pauses(ws: Workspace) -> set[str]:
-    """Job ids with a pause request (one directory listing)."""
-    try:
-        return {
-            e.name
-            for e in fs.scandir(os.path.join(ws.requests, PAUSE_DIR))
-            if names.ID_RE.fullmatch(e.name) and e.is_file(follow_symlinks=False)
-        }
-    except FileNotFoundError:
-        return set()
-
-
-def clear_pause(ws: Workspace, job_id: str) -> None:
-    try:
-        os.unlink(_pause_path(ws, job_id))
-    except FileNotFoundError:
-        pass
-    except OSError:
-        pass  # not a file we made (a planted directory): fsck reports it, nothing breaks
+    for _ in range(5):
+        st = job.state
+        if st in requests.WAITS_IN and st is not State.SUBMITTED:
+            requests.make(ws, job, "priority", priority=priority)
+            return SteerResult(
+                job.key, st, st, f"priority {priority} when its current attempt ends"
+            )
+        if st not in (State.READY, State.WAITING, State.PAUSED):
+            raise UsageError(
+                f"is {st.value}; priority changes while a job is ready, waiting, paused or running",
+                obj=f"job {job.key}",
+            )
+        frame = ws.reader.read(job.marker.ref)
+        body = carry(frame, join=frame.get("join"), why=f"priority {priority}")
+        try:
+            new = transition(
+                ws,
+                job,
+                st,
+                body,
+                actor=_actor(),
+                priority=priority,
+                not_before=job.marker.not_before,
+            )
+        except TransitionConflict:
+            job = _retry_locate(ws, job)
+            continue
+        return SteerResult(job.key, st, new.state, f"priority {priority}")
+    raise FlowError("kept changing state while its priority was set", obj=f"job {job.key}")

@@ -219,6 +219,7 @@ def register(cli: click.Group) -> None:
                     if m.alive or not m.stopped
                 ],
                 "blocked": [{"reason": why, "count": n} for why, n in r.blocked],
+                "requests_pending": r.requests_pending,
             }
             if by != "state":
                 doc["groups"] = {
@@ -252,6 +253,8 @@ def register(cli: click.Group) -> None:
             )
         for why, n in r.blocked:
             app.echo(f"blocked: {n} job{'s' * (n != 1)}: {why}")
+        if r.requests_pending:
+            app.echo(f"requests: {r.requests_pending} pending (see `flow requests`)")
 
 
 def _watch(app: App, by: GroupBy, every: float) -> None:

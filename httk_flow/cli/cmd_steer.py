@@ -1,4 +1,4 @@
-"""`flow cancel`, `flow pause`, `flow resume`, `flow priority`, `flow wait`, `flow logs`."""
+"""`flow cancel`, `pause`, `resume`, `priority`, `requests`, `wait` and `logs`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import click
 
-from httk_flow import jobs, names, steering
+from httk_flow import jobs, names, requests, steering
 from httk_flow.cli.app import App
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.logs import read_log
@@ -80,39 +80,91 @@ def register(cli: click.Group) -> None:
         _apply(app, handles, lambda ws, h: steering.cancel(ws, h, reason))
 
     @cli.command("pause")
-    @click.argument("idents", nargs=-1, required=True, metavar="JOB...")
+    @click.argument("idents", nargs=-1, metavar="[JOB]...")
+    @click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+    @click.option("--all", "all_", is_flag=True, help="Every job.")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @workspace_option
     @click.pass_obj
-    def pause(app: App, /, idents: tuple[str, ...]) -> None:
+    def pause(
+        app: App, /, idents: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
+    ) -> None:
         """Pause jobs (a running job pauses when its attempt ends)."""
-        _apply(app, [jobs.find(app.ws, i) for i in idents], steering.pause)
+        _apply(app, _select(app, idents, states, all_, "pause", yes), steering.pause)
 
     @cli.command("resume")
-    @click.argument("idents", nargs=-1, required=True, metavar="JOB...")
+    @click.argument("idents", nargs=-1, metavar="[JOB]...")
     @click.option("--step", default=None, help="Continue at this step.")
+    @click.option("--state", "states", multiple=True, type=click.Choice(["paused", "failed"]))
+    @click.option("--all", "all_", is_flag=True, help="Every paused or failed job.")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @workspace_option
     @click.pass_obj
-    def resume(app: App, /, idents: tuple[str, ...], step: str | None) -> None:
+    def resume(
+        app: App,
+        /,
+        idents: tuple[str, ...],
+        step: str | None,
+        states: tuple[str, ...],
+        all_: bool,
+        yes: bool,
+    ) -> None:
         """Continue paused or failed jobs."""
         if step is not None:
             names.check_ident(step, "step name")
-        _apply(
-            app, [jobs.find(app.ws, i) for i in idents], lambda ws, h: steering.resume(ws, h, step)
-        )
+        if all_ and not states:
+            states, all_ = ("paused", "failed"), False
+        handles = _select(app, idents, states, all_, "resume", yes)
+        _apply(app, handles, lambda ws, h: steering.resume(ws, h, step))
 
     @cli.command("priority")
-    @click.argument("args", nargs=-1, required=True, metavar="JOB... N")
+    @click.argument("args", nargs=-1, required=True, metavar="[JOB]... N")
+    @click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+    @click.option("--all", "all_", is_flag=True, help="Every job.")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @workspace_option
     @click.pass_obj
-    def priority(app: App, /, args: tuple[str, ...]) -> None:
-        """Change the priority of jobs (0-999, higher first)."""
-        if len(args) < 2 or not args[-1].isdigit():
+    def priority(
+        app: App, /, args: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
+    ) -> None:
+        """Change the priority of jobs (0-999, higher first); a running job's applies when
+        its attempt ends."""
+        if not args[-1].isdigit() or (len(args) < 2 and not (states or all_)):
             raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
         n = names.check_priority(int(args[-1]))
-        _apply(
-            app,
-            [jobs.find(app.ws, i) for i in args[:-1]],
-            lambda ws, h: steering.set_priority(ws, h, n),
+        handles = _select(app, args[:-1], states, all_, "reprioritise", yes)
+        if states or all_:
+            # a finished job has no priority to change: skip it rather than refuse it
+            handles = [h for h in handles if not h.state.is_terminal]
+        _apply(app, handles, lambda ws, h: steering.set_priority(ws, h, n))
+
+    @cli.command("requests")
+    @click.option("--pending", is_flag=True, help="Only requests not yet retired.")
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+    @workspace_option
+    @click.pass_obj
+    def requests_(app: App, /, pending: bool, as_json: bool) -> None:
+        """Requests waiting for a job's attempt to end, and how each was retired."""
+        rows = list(requests.views(app.ws, done=not pending))
+        if as_json:
+            app.json({"requests": [r.to_json() for r in rows]})
+            return
+        if not rows:
+            app.echo("no requests")
+            return
+        app.table(
+            ["STATUS", "REQUEST", "JOB", "GEN", "MANAGER", "REASON"],
+            [
+                (
+                    r.status,
+                    r.request.describe().split(" of job ")[0] if r.request else r.name,
+                    r.request.key if r.request else "-",
+                    r.request.gen if r.request else "-",
+                    r.by or "-",
+                    r.reason or "-",
+                )
+                for r in rows
+            ],
         )
 
     @cli.command("wait")

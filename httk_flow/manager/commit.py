@@ -18,11 +18,11 @@ from httk_flow.jobs import load_spec
 from httk_flow.jobspec import JobSpec, ParentRef
 from httk_flow.journal import Frame
 from httk_flow.manager.decide import Decision, Ending, decide
+from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
-from httk_flow.names import attempt_name
+from httk_flow.names import MAX_PRIORITY, attempt_name
 from httk_flow.outcome import ChildDef, read_outcome
 from httk_flow.states import State
-from httk_flow.steering import clear_pause
 from httk_flow.submit import SubmitRequest, Submitter
 from httk_flow.transition import JobHandle, carry, transition
 from httk_flow.workspace import Workspace
@@ -30,15 +30,20 @@ from httk_flow.workspace import Workspace
 
 class Committer:
     def __init__(
-        self, ws: Workspace, actor: str, log: ManagerLog, clock: Callable[[], float] = time.time
+        self,
+        ws: Workspace,
+        actor: str,
+        log: ManagerLog,
+        clock: Callable[[], float] = time.time,
+        inbox: RequestInbox | None = None,
     ) -> None:
         self.ws = ws
         self.actor = actor
         self.log = log
         self.clock = clock
         self._submitter = Submitter(ws, actor=actor)
-        #: job ids an operator asked to pause at the end of their current attempt
-        self.pause_requests: set[str] = set()
+        #: operator requests (pause, priority) folded into the commits of our attempts
+        self.inbox = inbox
 
     def ending_from_dir(
         self,
@@ -79,8 +84,13 @@ class Committer:
             backoff_base=self.ws.policy.backoff_base,
             backoff_cap=self.ws.policy.backoff_cap,
         )
-        if spec.id in self.pause_requests:
-            decision = self._paused(spec, decision)
+        inbox = self.inbox
+        folded: Folded | None = None
+        if inbox is not None:
+            inbox.refresh()  # a request made while the attempt ran applies at this commit
+        if inbox is not None and spec.id in inbox.by_job:
+            folded = inbox.fold(job, decision, inbox.claim_for(spec.id))
+            decision = folded.decision
         body = carry(
             frame,
             attempt=frame.get("attempt"),
@@ -90,18 +100,23 @@ class Committer:
         )
         if evidence is not None:
             body["evidence"] = evidence
-        committing = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
+        if folded is not None:
+            # named in the frame, so whoever finishes this commit applies them, and only once
+            body["requests"] = [c.request.name for c in folded.applied]
+            if folded.priority is not None:
+                body["set_priority"] = folded.priority
+        try:
+            committing = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
+        except FlowError:
+            if inbox is not None and folded is not None:
+                inbox.give_back(folded)
+            raise
         self.log.transition(job.key, job.state.value, "committing", decision.why)
         crash_point("commit.after_committing")
-        return self.finish(committing, spec, body, decision)
-
-    def _paused(self, spec: JobSpec, decision: Decision) -> Decision:
-        """An operator's pause turns a return to ready into paused; the request is done."""
-        clear_pause(self.ws, spec.id)
-        self.pause_requests.discard(spec.id)
-        if decision.target is not State.READY:
-            return decision
-        return Decision(State.PAUSED, "paused by request", {**decision.body, "last": "paused"})
+        final = self.finish(committing, spec, body, decision)
+        if inbox is not None and folded is not None:
+            inbox.settle(folded, final)
+        return final
 
     def resume(
         self, job: JobHandle, frame: Frame, evidence: dict[str, object] | None = None
@@ -114,6 +129,9 @@ class Committer:
             decision=frame.get("decision"),
             why="commit resumed",
         )
+        for k in ("requests", "set_priority"):
+            if k in frame:
+                body[k] = frame[k]
         if evidence is not None:
             body["evidence"] = evidence
         mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
@@ -169,12 +187,16 @@ class Committer:
             body["attempt"] = frame["attempt"]
         if "evidence" in frame:
             body["evidence"] = frame["evidence"]
+        if "requests" in frame:
+            body["requests"] = frame["requests"]
+        prio = frame.get("set_priority")
         final = transition(
             self.ws,
             committing,
             decision.target,
             body,
             actor=self.actor,
+            priority=prio if type(prio) is int and 0 <= prio <= MAX_PRIORITY else None,
             not_before=decision.not_before,
         )
         self.log.transition(committing.key, "committing", decision.target.value, decision.why)

@@ -20,6 +20,7 @@ from httk_flow.leases import ManagerInfo, mark_stopped, write_heartbeat
 from httk_flow.maintenance import read_lock
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
+from httk_flow.manager.inbox import RequestInbox
 from httk_flow.manager.launcher import proc_start_time
 from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog
@@ -27,7 +28,6 @@ from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.passes import ClaimPass, JoinPass, PassContext, RecoveryPass, RegisterPass
 from httk_flow.names import RecordRef, to36
 from httk_flow.states import State
-from httk_flow.steering import pending_pauses
 from httk_flow.workspace import Workspace
 
 #: a second SIGTERM this soon after the first is the batch system repeating itself
@@ -65,7 +65,8 @@ class Manager:
         self._locked = False
         ctx = PassContext(ws, self.id, self.log, config.placements, self.heartbeat, clock)
         self.ctx = ctx
-        self.committer = Committer(ws, self.id, self.log, clock)
+        self.inbox = RequestInbox(ws, self.id, self.log, lease_factor=ws.policy.takeover_factor)
+        self.committer = Committer(ws, self.id, self.log, clock, self.inbox)
         self.oracle = OwnerOracle(ws, self.id, refresh=max(0.5, self.lease / 4))
         self.local = LocalAttempts(
             ws, self.id, self.log, self.committer, kill_grace=config.kill_grace, clock=clock
@@ -80,6 +81,9 @@ class Manager:
             mine=lambda k: k in self.local.by_key,
             on_cancel_mine=self._cancel_local,
         )
+
+    def _mine(self, job_id: str) -> bool:
+        return any(k.endswith(job_id) for k in self.local.by_key)
 
     def _cancel_local(self, key: str) -> None:
         self.local.stop(key, interrupted=False)
@@ -123,12 +127,14 @@ class Manager:
     def tick(self) -> TickResult:
         budget = self.config.scan_budget
         self.heartbeat()
-        self.committer.pause_requests = pending_pauses(self.ws)
+        self.inbox.reoffer()
+        self.inbox.refresh()
         self.local.check_fenced()
         actions = self.register.run(budget)
         actions += self.recovery.run(budget)
         finished = self._reap()
         actions += self.joins.run(budget)
+        actions += self.inbox.sweep(self._mine)
         started = 0
         free = self.config.workers - len(self.local)
         if free > 0 and not self.draining and not self.locked():

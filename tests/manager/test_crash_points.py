@@ -50,8 +50,14 @@ CASES = [
     ("claim.after_claim", 6),
     ("join.after_release", 1),
 ]
-#: points covered elsewhere: a manager stopping its attempts (test_drain), and the CLI's fence
-ELSEWHERE = {"cancel.after_signal", "cancel.after_fence"}
+#: points covered elsewhere: a manager stopping its attempts (test_drain), the CLI's fence,
+#: and operator requests (tests/ops/test_requests.py)
+ELSEWHERE = {
+    "cancel.after_signal",
+    "cancel.after_fence",
+    "request.after_claim",
+    "request.after_apply",
+}
 
 THREE_STEP_COMMITS = [(1, "main", "advance"), (2, "two", "advance"), (3, "three", "succeed")]
 PARENT_COMMITS = [(1, "main", "wait"), (2, "collect", "succeed")]

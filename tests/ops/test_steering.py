@@ -125,7 +125,9 @@ def test_a_running_job_pauses_when_its_attempt_ends_and_resumes_at_its_next_step
     assert wait_state(flow, "pausing", {"paused", "succeeded", "failed"}) == "paused"
     last = flow.history("pausing")[-1]
     assert (last["from"], last["step"]) == ("committing", "two")
-    assert not list((Path(flow.root) / ".flow" / "requests" / "pause").iterdir())
+    [req] = flow.json("requests")["requests"]
+    assert (req["op"], req["key"], req["status"]) == ("pause", job["key"], "applied")
+    assert flow.json("requests", "--pending")["requests"] == []
 
     assert flow.ok("resume", "pausing") == f"{job['key']}: paused -> ready\n"
     wait_state(flow, "pausing", {"succeeded"})
@@ -183,8 +185,8 @@ def test_priority_of_a_submitted_job_is_refused(flow: Flow) -> None:
     job = flow.submit("--tag", "s", "true")
     r = flow("priority", "s", "7")
     assert r.exit_code == 2 and r.stderr == (
-        f"flow: error: job {job['key']}: is submitted; priority can change while a job is "
-        "ready, waiting or paused\n"
+        f"flow: error: job {job['key']}: is submitted; priority changes while a job is "
+        "ready, waiting, paused or running\n"
     )
 
 
