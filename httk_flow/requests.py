@@ -71,9 +71,12 @@ class Request:
     def name(self) -> str:
         return f"{self.op}.{self.job_id}.g{names.to36(self.gen)}.{self.nonce}"
 
+    @property
+    def what(self) -> str:
+        return f"priority {self.priority}" if self.op == "priority" else self.op
+
     def describe(self) -> str:
-        what = f"priority {self.priority}" if self.op == "priority" else self.op
-        return f"{what} of job {self.key}"
+        return f"{self.what} of job {self.key}"
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -328,7 +331,8 @@ class RequestView:
             "gen": req.gen if req else None,
             "priority": req.priority if req else None,
             "made": req.t if req else None,
-            "by": self.by,
+            "made_by": req.by if req else None,
+            "manager": self.by or None,
             "reason": self.reason,
             "at": self.at or None,
         }

@@ -157,7 +157,7 @@ def register(cli: click.Group) -> None:
             [
                 (
                     r.status,
-                    r.request.describe().split(" of job ")[0] if r.request else r.name,
+                    r.request.what if r.request else r.name,
                     r.request.key if r.request else "-",
                     r.request.gen if r.request else "-",
                     r.by or "-",

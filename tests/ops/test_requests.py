@@ -174,7 +174,7 @@ def test_requests_for_jobs_between_attempts_are_applied_once_by_one_of_three_man
         shown = flow.show(key)
         assert shown["priority"] == 100 + i
         assert shown["state"] == ("paused" if i % 3 == 0 else "ready")
-    appliers = {r["by"] for r in records.values()}
+    appliers = {r["manager"] for r in records.values()}
     assert appliers <= {f for f in os.listdir(Path(flow.root) / ".flow" / "managers")}
     assert claimed_left(flow.root) == []
 
@@ -308,3 +308,32 @@ def test_gc_collects_old_retirement_records_and_never_a_pending_request(
     ]
     assert not record.exists()
     assert (Path(requests.new_dir(ws)) / pending).exists()
+
+
+def test_requests_plain_and_json_outputs_are_whole_and_stable(
+    flow: Flow, managers: Managers
+) -> None:
+    assert flow.ok("requests") == "no requests\n"
+    job = flow.submit("--tag", "r", "true")
+    make_ready(flow, managers)
+    name = request_for(flow.root, "r", "priority", priority=7)
+    key = job["key"]
+    assert flow.ok("requests") == (
+        f"STATUS   REQUEST     {'JOB'.ljust(len(key))}  GEN  MANAGER  REASON\n"
+        f"pending  priority 7  {key}  1    -        -\n"
+    )
+    [doc] = flow.json("requests")["requests"]
+    made, made_by = doc.pop("made"), doc.pop("made_by")
+    assert isinstance(made, float) and made_by.startswith(f"cli-{os.getpid()}@")
+    assert doc == {
+        "name": name,
+        "status": "pending",
+        "op": "priority",
+        "job": job["id"],
+        "key": key,
+        "gen": 1,
+        "priority": 7,
+        "manager": None,
+        "reason": "",
+        "at": None,
+    }

@@ -211,3 +211,32 @@ def test_resuming_at_a_step_name_off_the_grammar_is_bad_input_with_exit_2(
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.startswith("flow: error: step name 'bad-step': ")
     assert flow.state("f") == "failed"
+
+
+def test_bulk_pause_resume_and_priority_act_on_every_job_of_a_state(
+    flow: Flow, managers: Managers
+) -> None:
+    keys = {t: flow.submit("--tag", t, "true")["key"] for t in ("a", "b", "c")}
+    make_ready(flow, managers)
+    out = flow.ok("pause", "--state", "ready", "--yes")
+    assert sorted(out.splitlines()) == sorted(f"{k}: ready -> paused" for k in keys.values())
+    out = flow.ok("priority", "--state", "paused", "42", "--yes")
+    assert sorted(out.splitlines()) == sorted(
+        f"{k}: paused -> paused (priority 42)" for k in keys.values()
+    )
+    out = flow.ok("resume", "--all", "--yes")
+    assert sorted(out.splitlines()) == sorted(f"{k}: paused -> ready" for k in keys.values())
+    assert {r["priority"] for r in flow.json("list")["jobs"]} == {42}
+    r = flow("pause", "a", "--state", "ready")
+    assert (r.exit_code, r.stderr) == (
+        2,
+        "flow: error: flow pause: name jobs, or use --state/--all, not both\n",
+    )
+    r = flow("priority", "7")
+    assert (r.exit_code, r.stderr) == (
+        2,
+        "flow: error: flow priority: expects JOB... N with N in 0-999\n",
+    )
+    assert managers.run(flow.root) == 0
+    out = flow.ok("priority", "--all", "9", "--yes")
+    assert out == "", "finished jobs are skipped, not refused"
