@@ -240,7 +240,8 @@ def claim(ws: Workspace, manager: str, name: str) -> str | None:
 
 def release(ws: Workspace, path: str) -> None:
     """Put a claimed request back into new/ for whoever can apply it later."""
-    with contextlib.suppress(FileNotFoundError):
+    # if this fails the request stays claimed by us until our lease ends, then goes back
+    with contextlib.suppress(OSError):
         fs.rename(path, os.path.join(new_dir(ws), os.path.basename(path)))
 
 

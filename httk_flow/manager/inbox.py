@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from httk_flow import requests
 from httk_flow.crash import crash_point
 from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.fsio import fs
 from httk_flow.leases import read_managers, silent_for_takeover
 from httk_flow.manager.decide import Decision
 from httk_flow.manager.log import ManagerLog
@@ -105,7 +106,7 @@ class RequestInbox:
         """Claim the job's pending requests; a malformed one is retired on the spot."""
         out = []
         for name in self.by_job.pop(job_id, ()):
-            path = requests.claim(self.ws, self.manager, name)
+            path = self._claim(name)
             if path is None:
                 continue
             try:
@@ -121,7 +122,11 @@ class RequestInbox:
         closed: list[tuple[Claimed, bool, str]] = []
         for c in sorted(claimed, key=lambda c: c.request.t):
             req = c.request
-            verdict = requests.judge(self.ws, job, req)
+            try:
+                verdict = requests.judge(self.ws, job, req)
+            except FlowError:
+                requests.release(self.ws, c.path)  # an unreadable history: not at this commit
+                continue
             why = None if verdict.open else verdict.reason
             if verdict.applied:
                 closed.append((c, True, verdict.reason))  # by an earlier commit: retire only
@@ -173,7 +178,12 @@ class RequestInbox:
             for name in names_:
                 if done >= budget:
                     return done
-                done += self._sweep_one(name)
+                try:
+                    done += self._sweep_one(name)
+                except (FlowError, OSError) as e:
+                    # a job whose history cannot be read: its request waits, reported once
+                    msg = e.render() if isinstance(e, FlowError) else (e.strerror or str(e))
+                    self._problem(name, f"cannot apply it yet: {msg}")
         return done
 
     def _sweep_one(self, name: str) -> int:
@@ -183,14 +193,14 @@ class RequestInbox:
         except FileNotFoundError:
             return 0
         except (InvalidRequest, OSError) as e:
-            claimed = requests.claim(self.ws, self.manager, name)
+            claimed = self._claim(name)
             if claimed is not None:
                 self._retire_bad(claimed, name, e)
             return 1
         job = locate_key(self.ws, req.placement, req.key)
         if job is not None and job.state in requests.WAITS_IN:
             return 0  # its owner folds it into the commit of the attempt
-        claimed = requests.claim(self.ws, self.manager, name)
+        claimed = self._claim(name)
         if claimed is None:
             return 0
         crash_point("request.after_claim")
@@ -258,7 +268,7 @@ class RequestInbox:
                 except OSError:
                     pass
                 continue
-            claimed = requests.claim(self.ws, self.manager, name)
+            claimed = self._claim(name)
             if claimed is not None:
                 self._retire_bad(claimed, name, InvalidRequest("is not a request name"))
                 done += 1
@@ -273,7 +283,7 @@ class RequestInbox:
         self._reoffered = now
         base = os.path.join(self.ws.requests, "claimed")
         try:
-            holders = [e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
+            holders = [e.name for e in fs.scandir(base) if e.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
             return 0
         if not holders or holders == [self.manager]:
@@ -293,7 +303,7 @@ class RequestInbox:
             if holder == self.manager or holder in live:
                 continue
             d = os.path.join(base, holder)
-            for e in os.scandir(d):
+            for e in fs.scandir(d):
                 requests.release(self.ws, e.path)
                 n += 1
             try:
@@ -307,16 +317,37 @@ class RequestInbox:
 
     # -- retiring ----------------------------------------------------------------
 
+    def _claim(self, name: str) -> str | None:
+        """Claim one request; a filesystem error is reported, never raised into a commit."""
+        try:
+            return requests.claim(self.ws, self.manager, name)
+        except OSError as e:
+            self._problem(name, f"cannot claim it ({e.strerror or e})")
+            return None
+
+    def _problem(self, name: str, message: str) -> None:
+        if name not in self._reported:
+            if len(self._reported) > 10_000:
+                self._reported.clear()
+            self._reported.add(name)
+            self.log.problem(f"request {name!r}", message)
+
     def _retire(self, c: Claimed, applied: bool, reason: str) -> None:
-        requests.retire(
-            self.ws,
-            c.path,
-            c.request.name,
-            c.request,
-            applied=applied,
-            reason=reason,
-            by=self.manager,
-        )
+        try:
+            requests.retire(
+                self.ws,
+                c.path,
+                c.request.name,
+                c.request,
+                applied=applied,
+                reason=reason,
+                by=self.manager,
+            )
+        except OSError as e:
+            # it stays claimed by us; when we are gone it is put back and judged again,
+            # and a request already applied is then only retired
+            self._problem(c.request.name, f"cannot retire it ({e.strerror or e}): {reason}")
+            return
         if not applied:
             self.log.info(
                 f"request {c.request.describe()} retired: {reason}", request=c.request.name
@@ -329,8 +360,6 @@ class RequestInbox:
                 self.ws, path, name, None, applied=False, reason=reason, by=self.manager
             )
         except OSError as err:
-            if name not in self._reported:
-                self._reported.add(name)
-                self.log.problem(f"request {name!r}", f"cannot retire it ({err}); run `flow fsck`")
+            self._problem(name, f"cannot retire it ({err.strerror or err})")
             return
         self.log.problem(f"request {name!r}", f"retired: {reason}")
