@@ -7,10 +7,10 @@ state from one directory per state kind, whatever the number of children.
 
 from __future__ import annotations
 
-import os
 import uuid
 from dataclasses import dataclass
 
+from httk_flow.fsio import fs
 from httk_flow.names import Marker, make_key
 from httk_flow.states import State
 from httk_flow.workspace import Workspace
@@ -49,7 +49,8 @@ def child_states(
     found: dict[str, State] = {}
     for st in State:
         try:
-            entries = os.listdir(ws.state_dir(st, placement))
+            # through the seam, so an NFS model sees the join's listings too
+            entries = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
         except OSError:
             continue
         for n in entries:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from httk_flow.fsio import fs
 from httk_flow.names import MARKER_RE, Marker
 from httk_flow.states import State
 from httk_flow.transition import JobHandle
@@ -34,9 +35,7 @@ class _Walk:
 
     def close(self) -> None:
         for _, it in self.stack:
-            close = getattr(it, "close", None)
-            if close:
-                close()
+            _close(it)
         self.stack.clear()
 
 
@@ -149,10 +148,17 @@ class MarkerStream:
 
 
 def _scandir(path: str) -> Iterator[os.DirEntry[str]] | None:
+    # through the seam, so a filesystem model installed for tests sees the marker walks
     try:
-        return os.scandir(path)
+        return fs.scandir(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+
+
+def _close(it: Iterator[os.DirEntry[str]]) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
 
 
 def walk_all(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> Iterator[JobHandle]:
@@ -175,15 +181,17 @@ def count_markers(ws: Workspace, state: State) -> int:
     stack = [ws.state_dir(state)]
     while stack:
         try:
-            it = os.scandir(stack.pop())
+            it = fs.scandir(stack.pop())
         except OSError:
             continue
-        with it:
+        try:
             for e in it:
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                 elif match(e.name) is not None and e.is_file(follow_symlinks=False):
                     n += 1
+        finally:
+            _close(it)
     return n
 
 

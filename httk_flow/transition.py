@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from httk_flow.crash import crash_point
-from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.errors import FlowError, InvalidName, TransitionConflict
 from httk_flow.fsio import fs, fsync_dir
 from httk_flow.journal import Frame
-from httk_flow.names import Marker
+from httk_flow.names import Marker, check_placement
 from httk_flow.states import State
 from httk_flow.workspace import Workspace
 
@@ -147,11 +147,17 @@ def _resolve(ws: Workspace, old: JobHandle, new: JobHandle, err: OSError) -> Non
 
 def locate_key(ws: Workspace, placement: str, key: str) -> JobHandle | None:
     """The job's marker found by looking in every state kind of its placement."""
+    try:
+        # callers may hold a placement read from a frame or a request: never list a path
+        # that no submission could have made (one that leads out of the state tree)
+        check_placement(placement)
+    except InvalidName:
+        return None
     prefix = key + "."
     for st in State:
-        d = ws.state_dir(st, placement)
         try:
-            names = os.listdir(d)
+            # through the seam, so an NFS model sees (and can delay) this listing too
+            names = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
         except OSError:
             continue
         for n in names:

@@ -26,7 +26,9 @@ PLANTED_WRITER = "hostileplanted"
 #: a job script (after manager.support.PRELUDE): its first attempt does what $FLOW_PARAM_mode
 #: says, every later attempt simply succeeds
 HOSTILE = r"""
-d="$FLOW_CONTROL_DIR"
+# outside an attempt (the variable unset or empty) stop here, before any mkdir or mv:
+# "$d/outcome.ready" would otherwise be /outcome.ready
+d="${FLOW_CONTROL_DIR:?not inside an attempt}"
 out="${FLOW_PARAM_out:-/nonexistent}"
 # raw NAME: outcome.tmp with outcome.json holding stdin, published as outcome.ready
 raw() { mkdir "$d/t"; cat > "$d/t/outcome.json"; }

@@ -4,12 +4,14 @@ the state kinds one after another, and must not see the job twice."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from manager.support import submit, write_script
 
 from httk_flow import jobs
+from httk_flow.fsio import FileSystem, set_filesystem
 from httk_flow.states import State
 from httk_flow.transition import transition
 from httk_flow.workspace import Workspace
@@ -25,17 +27,29 @@ def test_a_job_moving_while_it_is_looked_up_is_found_once(
     try:
         h = handle_of(ws, jid)
         submitted = ws.state_dir(State.SUBMITTED, h.placement)
-        real = os.listdir
         moved: list[bool] = []
 
-        def listdir(path: str) -> list[str]:
-            names = real(path)
+        def move_after(path: str) -> None:
             if path == submitted and not moved:
                 moved.append(True)  # a manager registers the job just after this listing
                 transition(ws, h, State.READY, {}, actor="mover")
+
+        # the lookup lists through the filesystem seam, or (older code) os.listdir
+        class Moving(FileSystem):
+            def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
+                entries = list(super().scandir(path))
+                move_after(path)
+                return iter(entries)
+
+        real = os.listdir
+
+        def listdir(path: str) -> list[str]:
+            names = real(path)
+            move_after(path)
             return names
 
         monkeypatch.setattr(os, "listdir", listdir)
+        set_filesystem(Moving())
         found = jobs.find(ws, jid)
         assert moved
         assert found.key == h.key

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from httk_flow import bulk, names
+from httk_flow import bulk, names, requests
+from httk_flow.cli.main import cli
 from httk_flow.errors import (
     CorruptRecord,
     FlowError,
@@ -28,11 +30,10 @@ from httk_flow.errors import (
     WorkspaceError,
 )
 from httk_flow.jobspec import JobSpec, Program
-from httk_flow.journal import JournalReader, iter_segment
+from httk_flow.journal import JournalReader, check_frame, iter_segment
 from httk_flow.leases import ManagerInfo
 from httk_flow.names import Marker, RecordRef
 from httk_flow.outcome import Outcome, parse_outcome, read_outcome
-from httk_flow.steering import PAUSE_DIR, pending_pauses
 from httk_flow.submit import SubmitRequest, Submitter
 from httk_flow.workspace import Policy, Workspace, WorkspaceFormat
 
@@ -271,16 +272,51 @@ def test_a_marker_name_round_trips(m: Marker) -> None:
     assert Marker.from_name(m.name) == m
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="REVIEW: this expectation predates the fix made for it in the same session (canonical base36, typed frames, derived attempt dirs, file-only pause requests); reconcile test and fix",
-)
+def _zero_not_before(name: str) -> bool:
+    return ".t0." in name
+
+
 @fuzz(100)
-@example("0123456789abcdef0123456789abcdef.p500.g00.w-0-0")
-@given(st.from_regex(names.MARKER_RE, fullmatch=True))
+@given(st.from_regex(names.MARKER_RE, fullmatch=True).filter(lambda n: not _zero_not_before(n)))
 def test_every_marker_name_of_the_grammar_round_trips(name: str) -> None:
+    """A name of the grammar is the one spelling of its marker: every rename of the job
+    builds its source path from the parsed marker, so any other spelling would be missed."""
     tried("Marker.from_name round trip (grammar)")
     assert Marker.from_name(name).name == name
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="names.MARKER_RE accepts a not-before of zero (`.t0`), which Marker.name never "
+    "writes: a second spelling of one marker, and every transition of such a job renames "
+    "the canonical name, misses the file and reports a lost race, forever; the grammar "
+    "must take `t` only as a non-zero number",
+)
+def test_a_zero_not_before_is_not_a_second_spelling() -> None:
+    tried("Marker.from_name round trip (grammar)")
+    name = "0123456789abcdef0123456789abcdef.p500.g0.t0.w-0-0"
+    m = Marker.parse_or_none(name)
+    assert m is None or m.name == name
+
+
+NON_CANONICAL = [
+    "0123456789abcdef0123456789abcdef.p500.g00.w-0-0",
+    "0123456789abcdef0123456789abcdef.p500.g01.w-0-0",
+    "0123456789abcdef0123456789abcdef.p500.g1.t0a.w-0-0",
+    "0123456789abcdef0123456789abcdef.p500.g1.w-00-0",
+    "0123456789abcdef0123456789abcdef.p500.g1.w-0-01",
+    "0123456789abcdef0123456789abcdef.p500.gA.w-0-0",
+]
+
+
+@pytest.mark.parametrize("name", NON_CANONICAL)
+def test_a_number_spelled_with_leading_zeros_is_not_of_the_grammar(name: str) -> None:
+    """One spelling per number (canonical base36): a marker renamed by hand to `g00` is
+    not generation 0 but a stranger, reported and never moved."""
+    tried("Marker.from_name (non-canonical)")
+    assert Marker.parse_or_none(name) is None
+    with pytest.raises(InvalidName):
+        Marker.from_name(name)
 
 
 @fuzz(200)
@@ -402,13 +438,11 @@ def test_journal_read_near_2_63(scratch: str, data: bytes, offset: int) -> None:
         reader.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="REVIEW: this expectation predates the fix made for it in the same session (canonical base36, typed frames, derived attempt dirs, file-only pause requests); reconcile test and fix",
-)
 @fuzz(200)
 @given(segments)
 def test_iter_segment_agrees_with_the_reader(scratch: str, data: bytes) -> None:
+    """Where iter_segment sees a frame, the reader returns the same frame, or refuses it
+    as corrupt because a member has the wrong type (frames are typed at the boundary)."""
     tried("iter_segment")
     journal, path = _segment(scratch, data)
     reader = JournalReader(journal)
@@ -417,10 +451,27 @@ def test_iter_segment_agrees_with_the_reader(scratch: str, data: bytes) -> None:
         for off, frame in iter_segment(path):
             assert off > last
             last = off
-            if frame is not None:
+            if frame is None:
+                continue
+            if check_frame(frame) is None:
                 assert reader.read(RecordRef("w", 0, off)) == frame
+            else:
+                with pytest.raises(CorruptRecord):
+                    reader.read(RecordRef("w", 0, off))
     finally:
         reader.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="journal.iter_segment yields frames with mistyped members, which every reader "
+    "refuses (check_frame), so `flow fsck` does not count them among the frames that do "
+    "not parse; iter_segment must apply check_frame too",
+)
+def test_a_frame_every_reader_refuses_is_unreadable_to_fsck_too(scratch: str) -> None:
+    tried("iter_segment")
+    _, path = _segment(scratch, b'{"job":"x","gen":"seven"}\n')
+    assert list(iter_segment(path)) == [(0, None)]
 
 
 # -- bulk submission ------------------------------------------------------------------------
@@ -465,38 +516,82 @@ def test_bulk_jsonl(submitter: tuple[Submitter, str], lines: list[bytes]) -> Non
         assert "jobs.jsonl:" in e.render() or e.obj is not None
 
 
-# -- pause requests -------------------------------------------------------------------------
+# -- operator request files ----------------------------------------------------------------
 
 file_names = st.text(
     st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)),
     min_size=1,
     max_size=40,
 ).filter(lambda n: n not in (".", "..") and len(n.encode()) < 250)
+REQUEST_KEYS = ["op", "job", "key", "placement", "gen", "nonce", "t", "by", "priority"]
+VALID_REQUEST = {
+    "op": "pause",
+    "job": JOB_ID,
+    "key": f"t--{JOB_ID}",
+    "placement": "jobs/01",
+    "gen": 3,
+    "nonce": "0badc0de",
+    "t": 1.5,
+    "by": "cli",
+}
+#: the name VALID_REQUEST must be filed under (its body has to agree with its name)
+VALID_REQUEST_NAME = f"pause.{JOB_ID}.g3.0badc0de"
 
 
 @pytest.fixture(scope="module")
-def pause_ws() -> Iterator[Workspace]:
-    d = tempfile.mkdtemp(prefix="fuzz-pause-")
+def request_ws() -> Iterator[Workspace]:
+    d = tempfile.mkdtemp(prefix="fuzz-requests-")
     ws = Workspace.create(os.path.join(d, "ws"))
     yield ws
     ws.close()
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="REVIEW: this expectation predates the fix made for it in the same session (canonical base36, typed frames, derived attempt dirs, file-only pause requests); reconcile test and fix",
-)
 @fuzz(100)
-@given(st.lists(file_names | st.from_regex(names.ID_RE, fullmatch=True), max_size=6, unique=True))
-def test_pause_request_names(pause_ws: Workspace, entries: list[str]) -> None:
-    tried("steering.pending_pauses")
-    d = Path(pause_ws.requests) / PAUSE_DIR
-    shutil.rmtree(d, ignore_errors=True)
+@given(
+    st.lists(
+        st.tuples(
+            file_names | st.just(VALID_REQUEST_NAME),
+            documents(REQUEST_KEYS, VALID_REQUEST),
+            st.sampled_from(["file", "file", "dir", "link"]),
+        ),
+        max_size=6,
+        unique_by=lambda t: t[0],
+    )
+)
+def test_request_files_of_any_name_and_content(
+    request_ws: Workspace, entries: list[tuple[str, bytes, str]]
+) -> None:
+    """`flow requests` reads whatever lies where requests are read: it never fails, never
+    follows a link, and lists each entry (a hidden one is a file being written) either as
+    a request whose body agrees with its name, or as invalid with a reason."""
+    tried("flow requests (request files)", max(1, len(entries)))
+    d = Path(requests.new_dir(request_ws))
+    shutil.rmtree(d.parent, ignore_errors=True)
     d.mkdir(parents=True)
-    for i, name in enumerate(entries):
-        if i % 3 == 2:
+    outside = d.parent / "outside-target"
+    outside.write_bytes(orjson_dumps(VALID_REQUEST))
+    for name, body, kind in entries:
+        if kind == "dir":
             (d / name).mkdir()
+        elif kind == "link":
+            (d / name).symlink_to(outside)
         else:
-            (d / name).write_bytes(b"garbage")
-    assert pending_pauses(pause_ws) == {n for n in entries if names.ID_RE.fullmatch(n)}
+            (d / name).write_bytes(body)
+    r = CliRunner().invoke(cli, ["-w", request_ws.root, "requests", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["name"]: row for row in json.loads(r.output)["requests"]}
+    for name, _, kind in entries:
+        if name.startswith("."):
+            assert name not in rows
+            continue
+        row = rows[name]
+        if row["status"] == "invalid":
+            assert row["reason"], row
+        else:
+            assert kind == "file" and row["job"] == name.split(".")[1], (row, kind)
+    assert outside.read_bytes() == orjson_dumps(VALID_REQUEST)
+
+
+def orjson_dumps(v: Any) -> bytes:
+    return json.dumps(v, sort_keys=True).encode()

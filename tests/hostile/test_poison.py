@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from manager.support import ManagerProcess, Managers, job, submit, write_script
+from manager.support import ManagerProcess, Managers, flow, job, submit, write_script
 
 from httk_flow import outcome
 from httk_flow.errors import FlowError, InvalidOutcome
@@ -21,13 +21,22 @@ from httk_flow.names import Marker, RecordRef
 from httk_flow.states import State
 from httk_flow.workspace import Workspace
 
-from .support import HOSTILE, current, handle_of, job_json, plant_frame, problems, rename_marker
+from .support import (
+    HOSTILE,
+    current,
+    handle_of,
+    handles,
+    job_json,
+    plant_frame,
+    problems,
+    rename_marker,
+)
 
 GOOD = 3
 
 
 def _serve_one_bad_job(
-    root: str, managers: Managers, bad: str, good: list[str], timeout: float = 30
+    root: str, managers: Managers, bad: str, good: list[str], timeout: float = 60
 ) -> tuple[int | None, str]:
     """`flow run` over the workspace: (its exit status or None if it did not end, its log)."""
     p = managers.start(root, workers=2)
@@ -44,10 +53,13 @@ def _assert_served(root: str, rc: int | None, log: str, bad: str, good: list[str
     assert "Traceback" not in log, log
     for jid in good:
         assert job(root, jid).state is State.SUCCEEDED, log
-    h, frame = current(root, bad)
+    [h] = [h for h in handles(root) if h.job_id == bad]
     reported = [msg for obj, msg in problems(log) if bad in obj]
-    assert h.state is State.FAILED or len(reported) == 1, (h, frame, log)
+    assert h.state is State.FAILED or len(reported) == 1, (h, log)
     if h.state is State.FAILED:
+        # only a failed job's frame is ours to read: a job left where it was still names
+        # the damaged frame, which every reader refuses
+        _, frame = current(root, bad)
         assert frame["failure"]["code"] == "protocol_error", frame
 
 
@@ -91,10 +103,6 @@ MISTYPED_FRAMES = {
 }
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="REVIEW: some cases predate the typed-frame fix of the same session; reconcile",
-)
 @pytest.mark.parametrize("case", sorted(MISTYPED_FRAMES))
 def test_a_frame_with_mistyped_members_fails_only_its_job(
     root: str, scripts: Path, managers: Managers, case: str
@@ -112,13 +120,13 @@ def test_a_frame_with_mistyped_members_fails_only_its_job(
     _assert_served(root, rc, log, bad, good)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="REVIEW: this expectation predates the fix made for it in the same session (canonical base36, typed frames, derived attempt dirs, file-only pause requests); reconcile test and fix",
-)
-def test_a_marker_name_with_leading_zeros_is_reported_or_served(
+def test_a_marker_name_with_leading_zeros_is_not_a_marker_and_is_left_for_fsck(
     root: str, scripts: Path, managers: Managers
 ) -> None:
+    """One spelling per number: `g00` is not generation 0 but a name outside the grammar
+    (two spellings of one marker would let a rename of the canonical name miss the file).
+    It is reported once, never renamed or read, `flow fsck` names it, and the manager
+    serves the other jobs and ends."""
     prog = write_script(scripts, "hostile.sh", HOSTILE)
     [bad] = submit(root, prog)
     good = submit(root, prog, count=GOOD)
@@ -126,17 +134,22 @@ def test_a_marker_name_with_leading_zeros_is_reported_or_served(
     try:
         h = handle_of(ws, bad)
         path = h.path(ws)
-        os.rename(path, path.replace(f".g{h.marker.generation}.", ".g00."))
+        odd = path.replace(f".g{h.marker.generation}.", ".g00.")
+        os.rename(path, odd)
     finally:
         ws.close()
-    rc, log = _serve_one_bad_job(root, managers, bad, good, timeout=5)
+    rc, log = _serve_one_bad_job(root, managers, bad, good)
     assert rc is not None, f"flow run did not end:\n{log}"
     assert "Traceback" not in log, log
     for jid in good:
         assert job(root, jid).state is State.SUCCEEDED, log
-    h, _ = current(root, bad)
-    reported = [msg for obj, msg in problems(log) if bad in obj]
-    assert h.state is not State.SUBMITTED or len(reported) == 1, log
+    reported = [msg for obj, msg in problems(log) if obj == odd]
+    assert len(reported) == 1 and "grammar" in reported[0], log
+    assert os.path.isfile(odd) and not os.path.islink(odd)
+    assert bad not in {h.job_id for h in handles(root)}
+    check = flow("fsck", "-w", root)
+    assert check.returncode != 0
+    assert os.path.basename(odd) in check.stdout + check.stderr, check.stdout + check.stderr
 
 
 def _unblock(fifo: Path) -> None:

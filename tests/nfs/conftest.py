@@ -1,5 +1,5 @@
-"""Fixtures of the NFS-model tests: a workspace, managers, and discovery routed through the
-installed FileSystem for the duration of a test."""
+"""Fixtures of the NFS-model tests: a workspace and managers (the model itself is installed
+by each test with fsio.set_filesystem; the autouse fixture of tests/conftest.py removes it)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 from manager.support import Managers, OrphanReaper, make_workspace
-
-from .faultfs import route_discovery_through_fs
 
 
 @pytest.fixture
@@ -30,11 +28,3 @@ def managers(tmp_path: Path) -> Iterator[Managers]:
             yield m
         finally:
             m.close()
-
-
-@pytest.fixture
-def routed() -> Iterator[None]:
-    """Discovery lists through `fs` (it bypasses the seam; see test_seam.py)."""
-    route_discovery_through_fs()
-    yield
-    route_discovery_through_fs(False)

@@ -26,8 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from httk_flow import discovery
-from httk_flow.fsio import FileSystem, fs
+from httk_flow.fsio import FileSystem
 
 Clock = Callable[[], float]
 
@@ -201,22 +200,3 @@ class Recorder(FileSystem):
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         self.listed.append(path)
         return super().scandir(path)
-
-
-# -- discovery through the seam -------------------------------------------------------------
-
-_direct_scandir = discovery._scandir
-
-
-def _scandir_through_fs(path: str) -> Iterator[os.DirEntry[str]] | None:
-    """discovery._scandir, but listing through the installed FileSystem."""
-    try:
-        return iter(list(fs.scandir(path)))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
-def route_discovery_through_fs(on: bool = True) -> None:
-    """discovery lists with os.scandir directly (see test_seam.py); route it through `fs`
-    so the models above reach the passes' marker walks too."""
-    discovery._scandir = _scandir_through_fs if on else _direct_scandir  # type: ignore[assignment]

@@ -58,7 +58,6 @@ def main() -> None:
             file=sys.stderr,
         )
     )
-    faultfs.route_discovery_through_fs()
     from httk_flow.cli.main import main as flow_main
 
     flow_main()

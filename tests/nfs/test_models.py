@@ -115,9 +115,7 @@ def test_renames_that_report_an_error_after_happening_are_won_once(root: str, pr
     _claimed_once(root, ids, wins)
 
 
-def test_lingering_names_never_let_a_job_be_claimed_twice(
-    root: str, program: str, routed: None
-) -> None:
+def test_lingering_names_never_let_a_job_be_claimed_twice(root: str, program: str) -> None:
     ids = _ready_jobs(root, program)
     model = LingeringNames(linger=5.0)
     set_filesystem(model)
@@ -128,7 +126,7 @@ def test_lingering_names_never_let_a_job_be_claimed_twice(
     _claimed_once(root, ids, wins)
 
 
-def test_late_names_are_claimed_once_they_appear(root: str, program: str, routed: None) -> None:
+def test_late_names_are_claimed_once_they_appear(root: str, program: str) -> None:
     model = LateNames(late=0.3)
     set_filesystem(model)
     ws = Workspace.open(root)
@@ -192,7 +190,7 @@ def test_a_manager_converges_through_lying_marker_renames(root: str, program: st
     _all_succeeded_once(root, ids)
 
 
-def test_a_manager_converges_through_late_names(root: str, program: str, routed: None) -> None:
+def test_a_manager_converges_through_late_names(root: str, program: str) -> None:
     ids = _submitted(root, program, 12)
     model = LateNames(late=0.5)
     _serve(root, model, idle=1.5)
@@ -201,7 +199,7 @@ def test_a_manager_converges_through_late_names(root: str, program: str, routed:
 
 
 def test_a_claim_pass_meeting_ghosts_of_its_own_claims_claims_nothing_more(
-    root: str, program: str, routed: None
+    root: str, program: str
 ) -> None:
     """A ghost cannot be moved (its source seems to exist): the pass reports it once and
     claims nothing, rather than letting the FlowError stop the manager."""
@@ -223,7 +221,7 @@ def test_a_claim_pass_meeting_ghosts_of_its_own_claims_claims_nothing_more(
         ws.close()
 
 
-def test_a_manager_converges_through_lingering_names(root: str, program: str, routed: None) -> None:
+def test_a_manager_converges_through_lingering_names(root: str, program: str) -> None:
     ids = _submitted(root, program, 12)
     model = LingeringNames(linger=1.0)
     _serve(root, model)

@@ -2,46 +2,116 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
+from click.testing import CliRunner
 from helpers import plant_marker
 
-from httk_flow.discovery import MarkerStream
-from httk_flow.fsio import set_filesystem
+from httk_flow.children import child_placement, child_states
+from httk_flow.discovery import MarkerStream, count_markers
+from httk_flow.fsio import fs, set_filesystem
 from httk_flow.leases import read_managers
 from httk_flow.states import State
-from httk_flow.steering import pending_pauses
+from httk_flow.transition import locate_key
 from httk_flow.workspace import Workspace
 
-from .faultfs import Recorder
+from .faultfs import LateNames, Recorder
 
 
-def test_heartbeats_and_pause_requests_are_listed_through_the_seam(tmp_path: Path) -> None:
+def test_heartbeats_are_listed_through_the_seam(tmp_path: Path) -> None:
     ws = Workspace.create(str(tmp_path / "ws"))
     rec = Recorder()
     set_filesystem(rec)
     read_managers(ws)
-    (Path(ws.requests) / "pause").mkdir(parents=True, exist_ok=True)
-    pending_pauses(ws)
     assert ws.managers in rec.listed
-    assert str(Path(ws.requests) / "pause") in rec.listed
     ws.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: discovery._scandir (and transition.locate_key, jobs._locate_in, "
-    "children.child_states, steering.children_of) list with os.scandir/os.listdir directly, "
-    "so an installed FileSystem never sees the marker walks although fsio says every "
-    "listing goes through it; these tests route discovery by hand (faultfs.py)",
-)
+def test_flow_requests_lists_through_the_seam(tmp_path: Path) -> None:
+    """Public behaviour only: whatever layout requests have, `flow requests` lists it
+    through the seam, so an NFS model sees the request directories too."""
+    from httk_flow.cli.main import cli
+
+    ws = Workspace.create(str(tmp_path / "ws"))
+    for sub in ("", "new", "done"):
+        os.makedirs(os.path.join(ws.requests, sub), exist_ok=True)
+    rec = Recorder()
+    set_filesystem(rec)
+    r = CliRunner().invoke(cli, ["-w", ws.root, "requests"])
+    assert r.exit_code == 0, r.output
+    assert any(p.startswith(ws.requests) for p in rec.listed), rec.listed
+    ws.close()
+
+
 def test_marker_discovery_lists_through_the_seam(tmp_path: Path) -> None:
     ws = Workspace.create(str(tmp_path / "ws"))
     plant_marker(ws, State.READY, "jobs/abc")
     rec = Recorder()
     set_filesystem(rec)
-    found = MarkerStream(ws, State.READY).next_batch(100)
+    stream = MarkerStream(ws, State.READY)
+    found = stream.next_batch(100)
+    stream.close()
     assert len(found) == 1
     assert ws.state_dir(State.READY) in rec.listed
+    assert ws.state_dir(State.READY, "jobs/abc") in rec.listed
+    rec.listed.clear()
+    assert count_markers(ws, State.READY) == 1
+    assert ws.state_dir(State.READY, "jobs/abc") in rec.listed
+    ws.close()
+
+
+def test_the_seam_hands_out_real_dir_entries(tmp_path: Path) -> None:
+    """The plain filesystem adds no layer to the walk: os.scandir's own iterator and
+    DirEntry objects (cached d_type, no stat per entry), and a missing directory raises
+    at the call, as os.scandir does."""
+    (tmp_path / "f").write_text("x")
+    it = fs.scandir(str(tmp_path))
+    try:
+        [e] = list(it)
+    finally:
+        it.close()  # type: ignore[attr-defined]
+    assert isinstance(e, os.DirEntry)
+    try:
+        fs.scandir(str(tmp_path / "missing"))
+    except FileNotFoundError:
+        pass
+    else:
+        raise AssertionError("a missing directory must raise at the call")
+
+
+def test_locating_a_job_and_its_children_lists_through_the_seam(tmp_path: Path) -> None:
+    ws = Workspace.create(str(tmp_path / "ws"))
+    h = plant_marker(ws, State.WAITING, "jobs/abc")
+    rec = Recorder()
+    set_filesystem(rec)
+    assert locate_key(ws, h.placement, h.key) == h
+    assert ws.state_dir(State.WAITING, h.placement) in rec.listed
+    rec.listed.clear()
+    [child] = child_states(ws, h.placement, h.key, h.job_id, 1, ["a"])
+    assert child.state is None
+    kids = child_placement(h.placement, h.key)
+    assert {ws.state_dir(st, kids) for st in State} <= set(rec.listed)
+    ws.close()
+
+
+def test_a_model_installed_at_the_seam_delays_what_discovery_finds(tmp_path: Path) -> None:
+    """The point of the seam: a late name is hidden from the marker walk itself."""
+    ws = Workspace.create(str(tmp_path / "ws"))
+    now = [0.0]
+    set_filesystem(LateNames(late=10.0, clock=lambda: now[0]))
+    plant_marker(ws, State.READY, "jobs/abc")
+    first = MarkerStream(ws, State.READY)
+    assert len(first.next_batch(100)) == 1  # a directory's first listing is the truth
+    first.close()
+    h = plant_marker(ws, State.READY, "jobs/abc")
+    stream = MarkerStream(ws, State.READY)
+    assert h not in stream.next_batch(100)
+    assert locate_key(ws, h.placement, h.key) is None
+    stream.close()
+    now[0] = 11.0
+    stream = MarkerStream(ws, State.READY)
+    assert h in stream.next_batch(100)
+    assert locate_key(ws, h.placement, h.key) == h
+    stream.close()
     ws.close()
