@@ -134,7 +134,7 @@ def _matches(ws: Workspace, ident: str) -> Iterator[JobHandle]:
 
 def _locate_in(ws: Workspace, st: State, placement: str, job_id: str) -> JobHandle | None:
     try:
-        entries = os.listdir(ws.state_dir(st, placement))
+        entries = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
     except OSError:
         return None
     for n in entries:

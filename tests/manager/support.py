@@ -49,7 +49,7 @@ PRELUDE = r"""#!/bin/bash
 set -u
 # publish OUTCOME_JSON [CHILDREN_JSONL]: write outcome.tmp.<pid>/ and rename it to outcome.ready
 publish() {
-    local d="$FLOW_CONTROL_DIR/outcome.tmp.$$"
+    local d="${FLOW_CONTROL_DIR:?not inside an attempt}/outcome.tmp.$$"
     mkdir "$d"
     printf '%s' "$1" > "$d/outcome.json"
     if [ $# -ge 2 ]; then printf '%s\n' "$2" > "$d/children.jsonl"; fi

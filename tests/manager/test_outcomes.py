@@ -143,7 +143,7 @@ def test_exit_0_without_an_outcome_fails_a_job_that_requires_one(
 
 #: each way an attempt can publish a bad outcome, chosen by $FLOW_PARAM_kind
 BROKEN = r"""
-d="$FLOW_CONTROL_DIR/outcome.tmp.$$"
+d="${FLOW_CONTROL_DIR:?not inside an attempt}/outcome.tmp.$$"
 mkdir "$d"
 case "$FLOW_PARAM_kind" in
     json) echo '{"action": "succeed",' > "$d/outcome.json" ;;
