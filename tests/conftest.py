@@ -1,4 +1,5 @@
-"""Fixtures shared by the protocol-core tests: a fresh workspace, a program, a submitter."""
+"""Fixtures shared by every test: an isolated environment, fresh workspaces (an open one,
+or the path of one with short retry backoffs), programs, and managers reaped at teardown."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from manager.support import Managers, OrphanReaper, make_workspace
 
 from httk_flow import fsio
 from httk_flow.submit import Submitter
@@ -53,3 +55,25 @@ def program(tmp_path: Path) -> str:
 @pytest.fixture
 def submitter(ws: Workspace) -> Submitter:
     return Submitter(ws, actor="test-submit")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    """A fresh workspace (its path) whose retries back off for 0.2 s, doubling to 2 s."""
+    return make_workspace(tmp_path / "ws")
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    return tmp_path / "scripts"
+
+
+@pytest.fixture
+def managers(tmp_path: Path) -> Iterator[Managers]:
+    """Starts managers; at teardown kills what is left of them and reaps their orphans."""
+    with OrphanReaper():
+        m = Managers(tmp_path)
+        try:
+            yield m
+        finally:
+            m.close()

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from manager.support import Managers, OrphanReaper
 
 from httk_flow.cli.main import cli
 
@@ -34,19 +32,3 @@ def root(runner: CliRunner, tmp_path: Path) -> str:
 @pytest.fixture
 def flow(root: str, runner: CliRunner) -> Flow:
     return Flow(root, runner)
-
-
-@pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    return tmp_path / "scripts"
-
-
-@pytest.fixture
-def managers(tmp_path: Path) -> Iterator[Managers]:
-    """Starts managers; at teardown kills what is left of them and reaps their orphans."""
-    with OrphanReaper():
-        m = Managers(tmp_path)
-        try:
-            yield m
-        finally:
-            m.close()
