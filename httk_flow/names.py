@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from httk_flow.errors import InvalidName
 
@@ -22,7 +22,7 @@ WRITER_RE = re.compile(_WRITER)
 REF_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<seg>{_B36})-(?P<off>{_B36})")
 MARKER_RE = re.compile(
     rf"(?P<key>(?:{_TAG}--)?{_ID})\.p(?P<prio>[0-9]{{3}})\.g(?P<gen>{_B36})"
-    rf"(?:\.t(?P<nb>{_B36}))?(?:\.c(?P<cls>[0-9a-z]{{1,16}}))?"
+    rf"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{{0,12}}))?(?:\.c(?P<cls>[0-9a-z]{{1,16}}))?"
     rf"\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
 )
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -180,6 +180,9 @@ class Marker:
     ref: RecordRef
     not_before: int = 0  # unix seconds; 0 = claimable now
     service: str = ""  # service class; "" = any manager of the default pool
+    #: the file name, built once: every path of the marker needs it (init=False, so
+    #: dataclasses.replace never carries a stale one over)
+    _name: str = field(default="", init=False, compare=False, repr=False)
 
     @classmethod
     def from_name(cls, name: str) -> Marker:
@@ -196,7 +199,7 @@ class Marker:
             return None
         key, prio, gen, nb, service, ref = m.group("key", "prio", "gen", "nb", "cls", "ref")
         writer, seg, off = ref.split("-")  # the grammar already checked each part
-        return cls(
+        marker = cls(
             key,
             int(prio),
             int(gen, 36),
@@ -204,12 +207,17 @@ class Marker:
             int(nb, 36) if nb else 0,
             service or "",
         )
+        object.__setattr__(marker, "_name", name)  # the grammar is canonical: one spelling
+        return marker
 
     @property
     def name(self) -> str:
-        nb = f".t{to36(self.not_before)}" if self.not_before else ""
-        c = f".c{self.service}" if self.service else ""
-        return f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}{c}.{self.ref}"
+        if not self._name:
+            nb = f".t{to36(self.not_before)}" if self.not_before else ""
+            c = f".c{self.service}" if self.service else ""
+            name = f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}{c}.{self.ref}"
+            object.__setattr__(self, "_name", name)
+        return self._name
 
     @property
     def job_id(self) -> str:

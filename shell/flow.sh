@@ -109,22 +109,34 @@ _flow_has_outcome() {
 
 # _flow_write ACTION MESSAGE EXTRA: publish one outcome (EXTRA: more ,"key":value fields).
 _flow_write() {
-    local _flow_ctl=${FLOW_CONTROL_DIR-} _flow_msg _flow_tmp _flow_files
+    local _flow_ctl=${FLOW_CONTROL_DIR-} _flow_msg _flow_tmp _flow_files _flow_json _flow_noclobber=""
     if [[ -z $_flow_ctl || ! -d $_flow_ctl ]]; then
         _flow_say 'flow: FLOW_CONTROL_DIR %s is not an attempt directory; run this program through flow (flow submit, then flow run)\n' "${_flow_ctl:-(unset)}"
         return 2
     fi
     _flow_json_quote _flow_msg "$2"
-    _flow_tmp=$_flow_ctl/outcome.tmp.$BASHPID.$RANDOM$RANDOM
-    if ! command mkdir -- "$_flow_tmp"; then
-        _flow_say 'flow: cannot create %s; no outcome was published\n' "$_flow_tmp"
-        return 1
+    printf -v _flow_json '{"action":"%s","message":%s%s}' "$1" "$_flow_msg" "$3"
+    # the manager makes an empty outcome.tmp.flow/ per attempt, which saves starting a
+    # mkdir process; it is ours if we create its outcome.json first (noclobber: O_EXCL)
+    _flow_tmp=$_flow_ctl/outcome.tmp.flow
+    [[ $- == *C* ]] || _flow_noclobber=1
+    set -C
+    if ! { printf '%s\n' "$_flow_json" >"$_flow_tmp/outcome.json"; } 2>/dev/null; then
+        _flow_tmp=""
+    fi
+    [[ -z $_flow_noclobber ]] || set +C
+    if [[ -z $_flow_tmp ]]; then
+        _flow_tmp=$_flow_ctl/outcome.tmp.$BASHPID.$RANDOM$RANDOM
+        if ! command mkdir -- "$_flow_tmp"; then
+            _flow_say 'flow: cannot create %s; no outcome was published\n' "$_flow_tmp"
+            return 1
+        fi
+        if ! printf '%s\n' "$_flow_json" >"$_flow_tmp/outcome.json"; then
+            _flow_say 'flow: cannot write %s/outcome.json; no outcome was published\n' "$_flow_tmp"
+            return 1
+        fi
     fi
     _flow_files=("$_flow_tmp/outcome.json")
-    if ! printf '{"action":"%s","message":%s%s}\n' "$1" "$_flow_msg" "$3" >"$_flow_tmp/outcome.json"; then
-        _flow_say 'flow: cannot write %s/outcome.json; no outcome was published\n' "$_flow_tmp"
-        return 1
-    fi
     if [[ $1 == wait ]]; then
         _flow_files+=("$_flow_tmp/children.jsonl")
         if ! printf '%s' "$_flow_children" >"$_flow_tmp/children.jsonl"; then
@@ -333,6 +345,85 @@ flow_pause() {
     _flow_outcome flow_pause pause "$*" ""
 }
 
+# -- context -----------------------------------------------------------------------------
+
+# flow_param [-v VAR] KEY [DEFAULT]: print parameter KEY (no newline added), or set VAR.
+flow_param() {
+    local _flow_out="" _flow_var _flow_val
+    if [[ ${1-} == -v ]]; then
+        if (($# < 2)) || ! _flow_valid ident "$2"; then
+            _flow_misuse flow_param "-v needs a variable name"
+            return 2
+        fi
+        _flow_out=$2
+        shift 2
+    fi
+    if (($# < 1 || $# > 2)); then
+        _flow_misuse flow_param "usage: flow_param [-v VAR] KEY [DEFAULT]"
+        return 2
+    fi
+    if ! _flow_valid ident "$1"; then
+        _flow_misuse flow_param "param key '$1' is not valid (1-64 letters, digits and '_', not starting with a digit)"
+        return 2
+    fi
+    _flow_var=FLOW_PARAM_$1
+    if [[ -n ${!_flow_var+set} ]]; then
+        _flow_val=${!_flow_var}
+    elif (($# == 2)); then
+        _flow_val=$2
+    else
+        _flow_say 'flow_param: parameter %s is not set and no default was given\n' "$1"
+        return 1
+    fi
+    if [[ -n $_flow_out ]]; then
+        printf -v "$_flow_out" '%s' "$_flow_val"
+    else
+        printf '%s' "$_flow_val"
+    fi
+}
+
+# flow_is_restart: true when this step ran before in this activation (a retry or recovery).
+flow_is_restart() {
+    [[ ${FLOW_IS_RESTART-0} == 1 ]]
+}
+
+# flow_is_unclean_restart: true when the previous attempt was interrupted (node died, drain).
+flow_is_unclean_restart() {
+    [[ ${FLOW_UNCLEAN_RESTART-0} == 1 ]]
+}
+
+# flow_log MSG...: a timestamped line on the attempt's stderr.
+flow_log() {
+    _flow_say '%(%Y-%m-%dT%H:%M:%S)T flow[%s %s]: %s\n' -1 "${FLOW_STEP-?}" "${FLOW_ATTEMPT_ID-?}" "$*"
+}
+
+# -- parsed on first use -----------------------------------------------------------------
+# bash parses every line of this file at each start of a step (about 2 µs a line), yet few
+# steps spawn children: the functions below the mark are defined by stubs that eval this
+# file's tail the first time one of them is called. Only function definitions follow it.
+
+_FLOW_API_FILE=${BASH_SOURCE[0]}
+[[ $_FLOW_API_FILE == /* ]] || _FLOW_API_FILE=$PWD/$_FLOW_API_FILE
+_FLOW_TAIL_MARK="#""@flow-api-tail"
+
+_flow_load_tail() {
+    local _flow_src=""
+    IFS= read -r -d '' _flow_src <"$_FLOW_API_FILE" || true
+    if [[ $_flow_src != *"$_FLOW_TAIL_MARK"* ]]; then
+        _flow_misuse "${FUNCNAME[1]-flow}" "cannot read the rest of the bash API from $_FLOW_API_FILE"
+        return 2
+    fi
+    eval "${_flow_src#*"$_FLOW_TAIL_MARK"}"
+}
+
+flow_spawn() { _flow_load_tail && flow_spawn "$@"; }
+flow_wait() { _flow_load_tail && flow_wait "$@"; }
+flow_children() { _flow_load_tail && flow_children "$@"; }
+
+# sourcing ends here: bash never parses what follows (a check for shellcheck's sake)
+[[ -n ${_FLOW_TAIL_MARK-} ]] && return 0
+#@flow-api-tail
+
 # -- children ----------------------------------------------------------------------------
 
 # flow_spawn [--tag T] [--step S] [--param K=V]... [--priority N] [--label L] [--program P]
@@ -501,56 +592,4 @@ flow_children() {
         printf '%s\n' "$_flow_line"
     done <"$_flow_file"
     return 0
-}
-
-# -- context -----------------------------------------------------------------------------
-
-# flow_param [-v VAR] KEY [DEFAULT]: print parameter KEY (no newline added), or set VAR.
-flow_param() {
-    local _flow_out="" _flow_var _flow_val
-    if [[ ${1-} == -v ]]; then
-        if (($# < 2)) || ! _flow_valid ident "$2"; then
-            _flow_misuse flow_param "-v needs a variable name"
-            return 2
-        fi
-        _flow_out=$2
-        shift 2
-    fi
-    if (($# < 1 || $# > 2)); then
-        _flow_misuse flow_param "usage: flow_param [-v VAR] KEY [DEFAULT]"
-        return 2
-    fi
-    if ! _flow_valid ident "$1"; then
-        _flow_misuse flow_param "param key '$1' is not valid (1-64 letters, digits and '_', not starting with a digit)"
-        return 2
-    fi
-    _flow_var=FLOW_PARAM_$1
-    if [[ -n ${!_flow_var+set} ]]; then
-        _flow_val=${!_flow_var}
-    elif (($# == 2)); then
-        _flow_val=$2
-    else
-        _flow_say 'flow_param: parameter %s is not set and no default was given\n' "$1"
-        return 1
-    fi
-    if [[ -n $_flow_out ]]; then
-        printf -v "$_flow_out" '%s' "$_flow_val"
-    else
-        printf '%s' "$_flow_val"
-    fi
-}
-
-# flow_is_restart: true when this step ran before in this activation (a retry or recovery).
-flow_is_restart() {
-    [[ ${FLOW_IS_RESTART-0} == 1 ]]
-}
-
-# flow_is_unclean_restart: true when the previous attempt was interrupted (node died, drain).
-flow_is_unclean_restart() {
-    [[ ${FLOW_UNCLEAN_RESTART-0} == 1 ]]
-}
-
-# flow_log MSG...: a timestamped line on the attempt's stderr.
-flow_log() {
-    _flow_say '%(%Y-%m-%dT%H:%M:%S)T flow[%s %s]: %s\n' -1 "${FLOW_STEP-?}" "${FLOW_ATTEMPT_ID-?}" "$*"
 }

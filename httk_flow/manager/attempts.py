@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,13 @@ from httk_flow.workspace import Workspace
 #: reasons a previous attempt ended that make the next start an unclean restart
 UNCLEAN = frozenset({"interrupted"})
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: a larger context.json (a big join's children) is written here, as the launcher gets it
+#: in one environment string (the kernel caps each at 128 KiB); durable mode writes here
+#: too, to fsync it
+MAX_LAUNCHER_CONTEXT = 32 * 1024
+#: an empty outcome.tmp.<nonce>/ made for the runner: the bash API fills and renames it
+#: instead of starting a mkdir process (a second publisher makes its own)
+OUTCOME_STAGING = "outcome.tmp.flow"
 
 
 def bash_api_path() -> str:
@@ -37,15 +45,31 @@ def _base_env() -> tuple[tuple[str, str], ...]:
     return tuple(os.environ.items())
 
 
-def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> None:
-    """A job directory or attempts/ that is a symlink out of the workspace is refused."""
-    for p in (job_dir, attempts):
-        if os.path.islink(p):
-            raise OSError(errno.ELOOP, "is a symbolic link; refusing to write through it", p)
-    real = os.path.realpath(job_dir)
-    root = os.path.realpath(ws.root)
-    if not real.startswith(root + os.sep):
+@functools.lru_cache(maxsize=4096)
+def _real_dir(path: str) -> str:
+    """realpath of the workspace and of placement directories, resolved once per process
+    (as Workspace.check_state_dir does): it costs an lstat per path component."""
+    return os.path.realpath(path)
+
+
+def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> bool:
+    """A job directory or attempts/ that is a symlink out of the workspace is refused.
+
+    Returns whether attempts/ exists already (the lstat answers it for free)."""
+    if os.path.islink(job_dir):
+        raise OSError(errno.ELOOP, "is a symbolic link; refusing to write through it", job_dir)
+    try:
+        exists = not stat.S_ISLNK(os.lstat(attempts).st_mode)
+    except FileNotFoundError:
+        exists = False
+    else:
+        if not exists:
+            raise OSError(errno.ELOOP, "is a symbolic link; refusing to write through it", attempts)
+    # job_dir itself is no symlink (checked above): its parent's real path places it
+    real = os.path.join(_real_dir(os.path.dirname(job_dir)), os.path.basename(job_dir))
+    if not real.startswith(_real_dir(ws.root) + os.sep):
         raise OSError(errno.EXDEV, "lies outside the workspace", job_dir)
+    return exists
 
 
 def attempt_dir(ws: Workspace, placement: str, key: str, number: int) -> str:
@@ -64,6 +88,9 @@ class AttemptPlan:
     env: dict[str, str]
     stdout: str
     stderr: str
+    #: (path, text) of context.json for the launcher to write; None once it is written
+    context: tuple[str, str] | None = None
+    staging: bool = False  # an empty OUTCOME_STAGING was made for the runner
 
 
 def prepare(
@@ -73,16 +100,18 @@ def prepare(
     *,
     number: int,
     extra_context: dict[str, Any] | None = None,
+    staging: bool = True,
 ) -> AttemptPlan:
-    """Make the attempt directory and context.json; return the plan to launch."""
+    """Make the attempt directory (context.json, or leave it to the launcher); the plan."""
     job_dir = ws.job_dir(spec.placement, spec.key)
     name = attempt_name(number)
-    adir = os.path.join(job_dir, "attempts", name)
-    _check_inside(ws, job_dir, os.path.dirname(adir))
-    try:
-        os.mkdir(adir)
-    except FileNotFoundError:
-        os.makedirs(adir)  # the job's first attempt: make attempts/ too
+    attempts = os.path.join(job_dir, "attempts")
+    adir = os.path.join(attempts, name)
+    if not _check_inside(ws, job_dir, attempts):
+        os.mkdir(attempts)  # the job's first attempt
+    os.mkdir(adir)
+    if staging:
+        os.mkdir(os.path.join(adir, OUTCOME_STAGING))
     if spec.workdir == "persistent":
         workdir = os.path.join(job_dir, "run")
         try:
@@ -123,7 +152,13 @@ def prepare(
         lines = "".join(f"{c['label']} {c['id']} {c['state']} {c['path']}\n" for c in kids)
         write_file(os.path.join(adir, "children"), lines.encode(), durable=False)
     ctx_path = os.path.join(adir, "context.json")
-    write_file(ctx_path, orjson.dumps(context), durable=ws.policy.durable)
+    ctx_data = orjson.dumps(context)
+    launcher_writes = None
+    if ws.policy.durable or len(ctx_data) > MAX_LAUNCHER_CONTEXT:
+        write_file(ctx_path, ctx_data, durable=ws.policy.durable)
+    else:
+        # the launcher creates it beside the manager; the program starts only after that
+        launcher_writes = (ctx_path, ctx_data.decode())
     if spec.program.digest:
         argv = [ws.program_path(spec.program.digest), *spec.args]
     else:
@@ -158,4 +193,6 @@ def prepare(
         env,
         os.path.join(adir, "stdout"),
         os.path.join(adir, "stderr"),
+        launcher_writes,
+        staging,
     )

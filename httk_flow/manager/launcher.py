@@ -3,6 +3,10 @@
 The child is /bin/sh blocked reading the gate (its stdin), in its own process group. If
 the manager dies before opening the gate, the pipe's write end closes, the read fails
 and the program never runs. No Python interpreter starts on this path.
+
+The launcher, not posix_spawn, creates the output files (and context.json when asked):
+the manager waits inside posix_spawn until the child execs, and creating inodes is the
+slowest metadata operation on many filesystems, so it runs beside the manager instead.
 """
 
 from __future__ import annotations
@@ -25,9 +29,16 @@ __all__ = [
 
 #: exit status of a launcher whose gate closed without being opened
 GATE_CLOSED = 125
-#: the launcher: enter the workdir, wait for the gate, then become the program
-_SCRIPT = f'cd -- "$1" || exit 126; shift; read -r _ || exit {GATE_CLOSED}; exec "$@" </dev/null'
-_OUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND  # no CLOEXEC: they are the child's 1 and 2
+#: the text of the file the launcher writes: in the environment, which only the job's
+#: owner can read (argv is visible to every user of the host); unset before the exec
+_CONTEXT_VAR = "FLOW_LAUNCH_CONTEXT"
+#: the launcher: open its output files, write context.json if given, enter the workdir,
+#: wait for the gate, then become the program
+_SCRIPT = (
+    f'exec >>"$1" 2>>"$2" || exit 126; if [ -n "$3" ]; then printf %s "${_CONTEXT_VAR}" >"$3" '
+    f'|| exit 126; fi; unset {_CONTEXT_VAR}; cd -- "$4" || exit 126; shift 4; '
+    f'read -r _ || exit {GATE_CLOSED}; exec "$@" </dev/null'
+)
 
 
 @dataclass
@@ -88,23 +99,30 @@ class LaunchedProcess:
 
 
 def launch(
-    argv: list[str], *, cwd: str, env: dict[str, str], stdout: str, stderr: str
+    argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    stdout: str,
+    stderr: str,
+    context: tuple[str, str] | None = None,
 ) -> LaunchedProcess:
     """Start argv behind a closed gate, in a new process group, output to the given files.
 
+    `context` (path, text) is a file the launcher writes before it waits on the gate.
     posix_spawn (vfork underneath) costs a fraction of forking the manager's address space.
     """
+    ctx_path = ""
+    if context is not None:
+        ctx_path, env = context[0], {**env, _CONTEXT_VAR: context[1]}
+    args = ["/bin/sh", "-c", _SCRIPT, "flow-attempt", stdout, stderr, ctx_path, cwd]
     r, w = os.pipe()  # both ends close-on-exec; the read end is dup'ed to the gate's stdin
     try:
         pid = os.posix_spawn(
             "/bin/sh",
-            ["/bin/sh", "-c", _SCRIPT, "flow-attempt", cwd, *argv],
+            [*args, *argv],
             env,
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, r, 0),
-                (os.POSIX_SPAWN_OPEN, 1, stdout, _OUT_FLAGS, 0o644),
-                (os.POSIX_SPAWN_OPEN, 2, stderr, _OUT_FLAGS, 0o644),
-            ],
+            file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)],
             setpgroup=0,
         )
     except BaseException:

@@ -14,13 +14,16 @@ from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
 from httk_flow.jobs import fail
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
-from httk_flow.manager.attempts import AttemptPlan, prepare
+from httk_flow.manager.attempts import OUTCOME_STAGING, AttemptPlan, prepare
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.launcher import LaunchedProcess, group_alive, launch, signal_group
 from httk_flow.manager.log import ManagerLog
 from httk_flow.states import State
 from httk_flow.transition import JobHandle, carry, locate_key, transition
 from httk_flow.workspace import Workspace
+
+#: attempts of a program that did not use its staging directory between two that try again
+STAGING_RETRY = 32
 
 
 @dataclass
@@ -67,6 +70,9 @@ class LocalAttempts:
         self.clock = clock
         self.on_start = on_start
         self.by_key: dict[str, LocalAttempt] = {}
+        #: programs whose last attempt left its staging directory unused (no bash API
+        #: outcome): their attempts skip making one, but for a fresh try now and then
+        self._unstaged: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -80,10 +86,27 @@ class LocalAttempts:
     ) -> JobHandle | None:
         """claimed -> running behind a closed gate; opens the gate once the marker says so."""
         number = int(claim_body["tries"])
+        program = spec.program.digest or spec.program.command or ""
+        skipped = self._unstaged.get(program, -1)
+        staging = skipped < 0 or skipped >= STAGING_RETRY
+        if not staging:
+            self._unstaged[program] = skipped + 1
         try:
-            plan = prepare(self.ws, spec, claim_body, number=number, extra_context=extra_context)
+            plan = prepare(
+                self.ws,
+                spec,
+                claim_body,
+                number=number,
+                extra_context=extra_context,
+                staging=staging,
+            )
             proc = launch(
-                plan.argv, cwd=plan.workdir, env=plan.env, stdout=plan.stdout, stderr=plan.stderr
+                plan.argv,
+                cwd=plan.workdir,
+                env=plan.env,
+                stdout=plan.stdout,
+                stderr=plan.stderr,
+                context=plan.context,
             )
         except OSError as e:
             msg = f"cannot start the attempt ({e.strerror}: {e.filename or ''})"
@@ -140,6 +163,8 @@ class LocalAttempts:
         ending = self.committer.ending_from_dir(
             la.plan.dir, code, sig, interrupted=la.interrupted, drained=la.interrupted
         )
+        if la.plan.staging:
+            self._staging_used(la)
         try:
             return self.committer.commit(la.job, la.spec, la.frame, ending)
         except TransitionConflict:
@@ -147,11 +172,33 @@ class LocalAttempts:
         except FlowError as e:
             self.log.problem(la.job.key, f"commit failed: {e.render()}")
             if isinstance(e, UnsafePath):
-                with contextlib.suppress(FlowError):
-                    return fail(
-                        self.ws, la.job, la.frame, "unsafe_path", e.render(), actor=self.actor
-                    )
+                # the commit may have reached committing before its target directory was
+                # refused: fail the job from where its marker is now, or it stays
+                # committing under a live owner that nobody takes over
+                now = locate_key(self.ws, la.job.placement, la.job.key)
+                if now is not None and now.state is State.COMMITTING:
+                    with contextlib.suppress(FlowError):
+                        frame = self.ws.reader.read(now.marker.ref)
+                        if frame.get("by") != self.actor:
+                            return None  # another manager finishes this commit now
+                        return fail(
+                            self.ws, now, frame, "unsafe_path", e.render(), actor=self.actor
+                        )
             return None
+
+    def _staging_used(self, la: LocalAttempt) -> None:
+        """Remove an unused staging directory, and remember whether the program used it."""
+        program = la.spec.program.digest or la.spec.program.command or ""
+        try:
+            os.rmdir(os.path.join(la.plan.dir, OUTCOME_STAGING))
+        except FileNotFoundError:
+            self._unstaged.pop(program, None)  # renamed to outcome.ready: the API used it
+            return
+        except OSError:
+            return  # not empty: a publication was cut short; leave it as evidence
+        if len(self._unstaged) >= 4096:
+            self._unstaged.clear()
+        self._unstaged[program] = 0
 
     def _fenced(self, la: LocalAttempt, code: int | None, sig: int | None) -> JobHandle | None:
         """The marker moved under the attempt: finish a cancellation, else let it go."""
