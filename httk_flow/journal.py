@@ -242,7 +242,8 @@ def iter_segment(path: str) -> Iterator[tuple[int, Frame | None]]:
                 return  # a torn last frame: the writer died mid-append; never referenced
             try:
                 f = orjson.loads(line)
-                yield off, f if isinstance(f, dict) else None
+                # what every reader refuses (mistyped members) is unreadable here too
+                yield off, f if isinstance(f, dict) and check_frame(f) is None else None
             except orjson.JSONDecodeError:
                 yield off, None
             off += len(line)

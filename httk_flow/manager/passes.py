@@ -7,7 +7,6 @@ whatever the size of the workspace; a broken job is reported once and skipped.
 from __future__ import annotations
 
 import heapq
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from httk_flow.children import child_states
 from httk_flow.crash import crash_point
 from httk_flow.discovery import MarkerStream
 from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.fsio import fs
 from httk_flow.jobs import fail, load_spec, register
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
@@ -344,7 +344,7 @@ class JoinPass:
 
 def _waiting_marker(ws: Workspace, placement: str, key: str) -> JobHandle | None:
     try:
-        names = os.listdir(ws.state_dir(State.WAITING, placement))
+        names = [e.name for e in fs.scandir(ws.state_dir(State.WAITING, placement))]
     except OSError:
         return None
     for n in names:

@@ -285,13 +285,6 @@ def test_every_marker_name_of_the_grammar_round_trips(name: str) -> None:
     assert Marker.from_name(name).name == name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="names.MARKER_RE accepts a not-before of zero (`.t0`), which Marker.name never "
-    "writes: a second spelling of one marker, and every transition of such a job renames "
-    "the canonical name, misses the file and reports a lost race, forever; the grammar "
-    "must take `t` only as a non-zero number",
-)
 def test_a_zero_not_before_is_not_a_second_spelling() -> None:
     tried("Marker.from_name round trip (grammar)")
     name = "0123456789abcdef0123456789abcdef.p500.g0.t0.w-0-0"
@@ -462,12 +455,6 @@ def test_iter_segment_agrees_with_the_reader(scratch: str, data: bytes) -> None:
         reader.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="journal.iter_segment yields frames with mistyped members, which every reader "
-    "refuses (check_frame), so `flow fsck` does not count them among the frames that do "
-    "not parse; iter_segment must apply check_frame too",
-)
 def test_a_frame_every_reader_refuses_is_unreadable_to_fsck_too(scratch: str) -> None:
     tried("iter_segment")
     _, path = _segment(scratch, b'{"job":"x","gen":"seven"}\n')

@@ -19,19 +19,6 @@ from httk_flow.workspace import Workspace
 
 from .support import HOSTILE, current, handle_of, handles, job_json, problems, snapshot
 
-#: The job of final_placement_link ends its attempt, goes running -> committing, and its
-#: final rename is refused (succeeded/linked/final leads outside). The manager then tries
-#: to fail it from its *running* handle (manager/local.py LocalAttempts._settle), which no
-#: longer exists (and running -> failed is not allowed): the job stays committing under a
-#: live owner, nobody finishes it, and `flow run` never goes idle. Failing it from its
-#: committing marker makes the whole scene pass.
-pytestmark = pytest.mark.xfail(
-    strict=True,
-    reason="a commit refused by a symlinked target state directory leaves the job "
-    "committing under its live manager (LocalAttempts._settle fails it from the stale "
-    "running handle), so flow run never goes idle",
-)
-
 #: outcome modes of HOSTILE that publish a symlink pointing into outside/<mode>/
 OUTCOME_LINKS = {
     "ready_link": "not a directory",
