@@ -198,7 +198,8 @@ class Workspace:
         return os.path.join(base, placement) if placement else base
 
     def marker_path(self, state: State, placement: str, marker: Marker) -> str:
-        return os.path.join(self.state_root, state.value, placement, marker.name)
+        # hot (twice per transition): placements are validated relative paths, never empty
+        return f"{self.state_root}/{state.value}/{placement}/{marker.name}"
 
     def job_dir(self, placement: str, key: str) -> str:
         return os.path.join(self.root, placement, key)
