@@ -73,6 +73,8 @@ class LocalAttempts:
         #: programs whose last attempt left its staging directory unused (no bash API
         #: outcome): their attempts skip making one, but for a fresh try now and then
         self._unstaged: dict[str, int] = {}
+        #: process groups of ended attempts that still had members: pgid -> KILL time
+        self.leftovers: dict[int, float] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -143,6 +145,8 @@ class LocalAttempts:
 
     def reap(self) -> list[Finished]:
         """Commit every attempt whose process has exited."""
+        if self.leftovers:
+            self._kill_leftovers(self.clock())
         done = []
         for key, la in list(self.by_key.items()):
             rc = la.proc.poll()
@@ -160,6 +164,16 @@ class LocalAttempts:
         if la.term_at is not None:
             # a stopped attempt may leave group members behind: make sure none survive
             signal_group(la.proc.pid, signal.SIGKILL)
+        elif signal_group(la.proc.pid, signal.SIGTERM):
+            # like the end of a batch job step: what the program left running in its
+            # group is stopped (TERM, KILL after the grace) rather than left to run on
+            # in the allocation; a process meant to outlive the attempt needs setsid
+            self.leftovers[la.proc.pid] = self.clock() + self.kill_grace
+            self.log.info(
+                f"{la.job.key}: processes left in the attempt's group were sent TERM",
+                job=la.job.key,
+                pgid=la.proc.pid,
+            )
         ending = self.committer.ending_from_dir(
             la.plan.dir, code, sig, interrupted=la.interrupted, drained=la.interrupted
         )
@@ -253,6 +267,18 @@ class LocalAttempts:
     def kill_all(self) -> None:
         for la in self.by_key.values():
             la.proc.signal_group(signal.SIGKILL)
+        self._kill_leftovers(None)
+
+    def _kill_leftovers(self, now: float | None) -> None:
+        """KILL the groups of ended attempts whose grace is over (all of them if now=None)."""
+        for pgid, at in list(self.leftovers.items()):
+            if not signal_group(pgid, 0):
+                del self.leftovers[pgid]  # every member is gone (TERM was enough)
+            elif now is None or now >= at:
+                del self.leftovers[pgid]
+                # the group is leaderless: its id is not reused while a member lives
+                if group_alive(pgid):
+                    signal_group(pgid, signal.SIGKILL)
 
     def pidfds(self) -> list[int]:
         return [la.proc.pidfd for la in self.by_key.values() if la.proc.pidfd >= 0]

@@ -259,6 +259,8 @@ class Manager:
             if self._stop_now:
                 self.local.kill_all()
                 self.log.info("second signal: exiting at once; leases recover the rest")
+            elif self.local.leftovers:
+                self._wait_leftovers()
             if install_signals:
                 signal.set_wakeup_fd(-1)
                 for signum, handler in old:
@@ -274,6 +276,15 @@ class Manager:
             )
         # a second signal abandons work to the leases: not a clean exit
         return 1 if self.failed_jobs or self._stop_now else 0
+
+    def _wait_leftovers(self) -> None:
+        """Before exiting, give what ended attempts left behind its grace, then KILL it."""
+        deadline = max(self.local.leftovers.values())
+        while self.local.leftovers and self.clock() < deadline:
+            self.local.reap()
+            if self.local.leftovers:
+                time.sleep(min(0.1, max(0.0, deadline - self.clock())))
+        self.local.kill_all()
 
     def _sleep(self, wake_fd: int) -> None:
         """Until a child exits, a signal arrives, or the poll interval passes.

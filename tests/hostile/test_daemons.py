@@ -1,6 +1,6 @@
 """A program that leaves a background process behind (no setsid: it stays in the attempt's
-process group). On cancel the whole group is stopped, a TERM-ignoring member included. At
-a normal exit the manager does not touch the group: what happens is documented here."""
+process group). On cancel the whole group is stopped, a TERM-ignoring member included; at
+a normal exit what is left in the group gets TERM, then KILL after the kill grace."""
 
 from __future__ import annotations
 
@@ -63,22 +63,39 @@ def test_cancel_stops_every_member_of_the_attempts_group(
         _kill(daemon)
 
 
-def test_a_daemon_outlives_a_normal_exit_and_holds_nothing_up(
+def test_what_a_program_leaves_in_its_group_is_stopped_when_it_exits(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    """Documents today's behaviour: at exit 0 the job succeeds at once and `flow run` ends;
-    the manager signals the group only when it stopped the attempt itself (cancel, drain),
-    so the daemon lives on in the attempt's (now leaderless) process group."""
+    """At a normal exit the job succeeds at once and `flow run` ends after at most the kill
+    grace; the daemon left in the attempt's group (TERM-ignoring) is KILLed, like the end
+    of a batch job step."""
     prog = write_script(scripts, "forker.sh", FORKER)
     [jid] = submit(root, prog, params={"then": "exit"})
     started = time.monotonic()
-    assert managers.run(root) == 0
-    assert time.monotonic() - started < 30, "flow run waited for the daemon"
+    assert managers.run(root, "--kill-grace", "1s") == 0
+    assert time.monotonic() - started < 30, "flow run waited too long for the daemon"
     info = job_now(root, jid)
     daemon = _daemon(root, jid)
     try:
         assert info.state is State.SUCCEEDED
-        assert process_alive(daemon, None), "the manager now cleans up the group: update docs"
-        assert os.getpgid(daemon) == info.last["attempt"]["pgid"]
+        wait_for(lambda: not process_alive(daemon, None), 10)
+        assert not group_members_alive(info.last["attempt"]["pgid"])
+    finally:
+        _kill(daemon)
+
+
+def test_a_serving_manager_stops_the_leftovers_after_the_grace_and_serves_on(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    prog = write_script(scripts, "forker.sh", FORKER)
+    p = managers.start(root, "--kill-grace", "1s", command="serve")
+    [jid] = submit(root, prog, params={"then": "exit"})
+    wait_for(lambda: job_now(root, jid).state is State.SUCCEEDED, 20)
+    daemon = _daemon(root, jid)
+    try:
+        wait_for(lambda: not process_alive(daemon, None), 15)
+        [later] = submit(root, "true")
+        wait_for(lambda: job_now(root, later).state is State.SUCCEEDED, 20)
+        assert p.poll() is None, log_of(p)
     finally:
         _kill(daemon)
