@@ -145,6 +145,9 @@ class Manager:
                 extra = self._join_context(c.ready_frame)
                 if self.local.start(c.handle, c.spec, c.body, extra) is not None:
                     started += 1
+                    if self.draining:
+                        # a signal during the launch: begin_drain could not see this one
+                        self.local.stop(c.handle.key, interrupted=True)
         finished += self._reap()
         return TickResult(actions + started + finished, started, finished)
 
@@ -161,7 +164,7 @@ class Manager:
             if st is State.READY:
                 self.claim.offer(f.handle)
             elif st.is_terminal and f.spec.parent is not None:
-                self.joins.child_ended(f.spec.parent.placement, f.spec.parent.key)
+                self.joins.child_ended(f.spec.parent.placement, f.spec.parent.key, f.spec.key, st)
         return len(done)
 
     def _join_context(self, frame: dict[str, object]) -> dict[str, object] | None:

@@ -254,9 +254,29 @@ class JoinPass:
         self.ctx = ctx
         self.stream = ctx.stream(State.WAITING, rest=1.0)
         self.on_ready = on_ready
+        #: parent key -> (join mode, keys of its children not finished at the last look):
+        #: a child's end re-reads the join only when it can decide it, so a fan-out of n
+        #: costs O(n), not a listing of every child at every child's end
+        self._open: dict[str, tuple[str, set[str]]] = {}
 
-    def child_ended(self, parent_placement: str, parent_key: str) -> None:
-        """A child of ours ended: look at its parent's join now rather than at the next scan."""
+    def child_ended(
+        self, parent_placement: str, parent_key: str, child_key: str, state: State
+    ) -> None:
+        """A child of ours ended: look at its parent's join now if that can decide it.
+
+        Children finished by other managers are not counted here; the scan of waiting
+        jobs looks at every join again, so a stale count only delays, never decides."""
+        known = self._open.get(parent_key)
+        if known is not None:
+            mode, rest = known
+            rest.discard(child_key)
+            decisive = (
+                not rest
+                or (mode == "any_succeeded" and state is State.SUCCEEDED)
+                or (mode == "all_succeeded" and state in (State.FAILED, State.CANCELLED))
+            )
+            if not decisive:
+                return
         h = _waiting_marker(self.ctx.ws, parent_placement, parent_key)
         if h is None:
             return
@@ -294,6 +314,10 @@ class JoinPass:
         ok = [s for s in states if s is State.SUCCEEDED]
         bad = [k for k in kids if k.state in (State.FAILED, State.CANCELLED)]
         mode = join.get("mode")
+        open_ = {k.key for k in kids if k.state is None or not k.state.is_terminal}
+        if len(self._open) >= 10_000:
+            self._open.clear()
+        self._open[h.key] = (str(mode or "all_succeeded"), open_)
         if mode == "any_succeeded":
             release, impossible = bool(ok), len(done) == len(kids) and not ok
         elif mode == "all_done":
@@ -301,6 +325,8 @@ class JoinPass:
         else:
             release, impossible = len(ok) == len(kids), bool(bad)
         summary = {"children": len(kids), "succeeded": len(ok), "failed": len(bad)}
+        if release or impossible:
+            self._open.pop(h.key, None)
         if release:
             body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
             body.pop("try_", None)
