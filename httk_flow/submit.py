@@ -6,6 +6,7 @@ reader counts as a job: the marker is created last, and only ever once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -75,6 +76,11 @@ class Submitter:
         self.actor = actor
         self.store = ProgramStore(ws)
         self.services = ServiceRegistry(ws)
+        #: job.json bytes of built specs, written at publication (serialized once)
+        self._raw: dict[str, bytes] = {}
+        #: the last request whose job.json was parsed back: array members differ from it
+        #: only in their index and id, which cannot make job.json unreadable
+        self._checked: SubmitRequest | None = None
 
     def build(self, req: SubmitRequest) -> JobSpec:
         """Validate a request into a JobSpec (no file is written)."""
@@ -148,13 +154,20 @@ class Submitter:
             array_index=req.array_index,
             created=round(time.time(), 3),
         )
-        # what submit accepts, register must accept: refuse now what job.json refuses later
         try:
-            JobSpec.from_json(spec.to_json(), f"job {spec.key}")
+            raw = spec.to_json()
         except orjson.JSONEncodeError as e:
             raise UsageError(
                 f"cannot be written as job.json ({e})", obj=f"job {spec.key}"
             ) from None
+        # what submit accepts, register must accept: refuse now what job.json refuses later
+        same = dataclasses.replace(req, array_index=None, job_id=None)
+        if same != self._checked:
+            JobSpec.from_json(raw, f"job {spec.key}")
+            self._checked = same
+        if len(self._raw) > 4 * BATCH:
+            self._raw.clear()  # built but never published (validation passes)
+        self._raw[spec.id] = raw
         return spec
 
     def submit(
@@ -198,7 +211,8 @@ class Submitter:
             tmp = os.path.join(ws.tmp, f"job-{spec.id}.{os.urandom(4).hex()}")
             os.mkdir(tmp)
             try:
-                write_file(os.path.join(tmp, "job.json"), spec.to_json(), durable=durable)
+                raw = self._raw.pop(spec.id, None) or spec.to_json()
+                write_file(os.path.join(tmp, "job.json"), raw, durable=durable)
                 if req.inputs:
                     _copy_inputs(req.inputs, os.path.join(tmp, "files"))
                 if durable:
