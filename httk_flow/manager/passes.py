@@ -247,6 +247,10 @@ class ClaimPass:
             pass
 
 
+#: seconds between two whole reads of one open join by the waiting scan
+JOIN_RECHECK = 2.0
+
+
 class JoinPass:
     """waiting -> ready at the next step once the join is decided (or failed if impossible)."""
 
@@ -258,6 +262,9 @@ class JoinPass:
         #: a child's end re-reads the join only when it can decide it, so a fan-out of n
         #: costs O(n), not a listing of every child at every child's end
         self._open: dict[str, tuple[str, set[str]]] = {}
+        #: parent key -> when its join was last read whole; the scan reads a join it has
+        #: open at most every RECHECK seconds (children ended elsewhere are seen by then)
+        self._read_at: dict[str, float] = {}
 
     def child_ended(
         self, parent_placement: str, parent_key: str, child_key: str, state: State
@@ -289,7 +296,10 @@ class JoinPass:
 
     def run(self, budget: int) -> int:
         n = 0
+        now = time.monotonic()
         for h in self.stream.next_batch(budget, self.ctx.heartbeat):
+            if h.key in self._open and now - self._read_at.get(h.key, -1e18) < JOIN_RECHECK:
+                continue  # read moments ago; its own children's ends are counted down
             try:
                 n += self._evaluate(h)
             except TransitionConflict:
@@ -317,7 +327,9 @@ class JoinPass:
         open_ = {k.key for k in kids if k.state is None or not k.state.is_terminal}
         if len(self._open) >= 10_000:
             self._open.clear()
+            self._read_at.clear()
         self._open[h.key] = (str(mode or "all_succeeded"), open_)
+        self._read_at[h.key] = time.monotonic()
         if mode == "any_succeeded":
             release, impossible = bool(ok), len(done) == len(kids) and not ok
         elif mode == "all_done":
@@ -327,6 +339,7 @@ class JoinPass:
         summary = {"children": len(kids), "succeeded": len(ok), "failed": len(bad)}
         if release or impossible:
             self._open.pop(h.key, None)
+            self._read_at.pop(h.key, None)
         if release:
             body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
             body.pop("try_", None)
