@@ -21,11 +21,12 @@ from httk_flow.maintenance import read_lock
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.inbox import RequestInbox
+from httk_flow.manager.joins import JoinPass
 from httk_flow.manager.launcher import proc_start_time
 from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
-from httk_flow.manager.passes import ClaimPass, JoinPass, PassContext, RecoveryPass, RegisterPass
+from httk_flow.manager.passes import ClaimPass, PassContext, RecoveryPass, RegisterPass
 from httk_flow.names import RecordRef, to36
 from httk_flow.states import State
 from httk_flow.workspace import Workspace
@@ -133,7 +134,7 @@ class Manager:
         actions = self.register.run(budget)
         actions += self.recovery.run(budget)
         finished = self._reap()
-        actions += self.joins.run(budget)
+        actions += self.joins.run(budget, busy=bool(self.local))
         actions += self.inbox.sweep(self._mine)
         started = 0
         free = self.config.workers - len(self.local)

@@ -1,0 +1,176 @@
+"""The join pass: waiting -> ready at the next step once a join is decided (or failed, or
+on to its on_impossible step, once it cannot be).
+
+A child's end that we see re-reads its parent's join only when it can decide it; the
+scan of waiting jobs reads every join again, which catches children other managers ran.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from httk_flow.children import child_states
+from httk_flow.crash import crash_point
+from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.fsio import fs
+from httk_flow.jobs import fail
+from httk_flow.manager.passes import PassContext
+from httk_flow.names import Marker
+from httk_flow.states import State
+from httk_flow.transition import JobHandle, carry, transition
+from httk_flow.workspace import Workspace
+
+#: seconds between two whole reads of one open join by the waiting scan
+JOIN_RECHECK = 2.0
+
+
+class JoinPass:
+    """waiting -> ready at the next step once the join is decided (or failed if impossible)."""
+
+    def __init__(self, ctx: PassContext, on_ready: Callable[[JobHandle], None]) -> None:
+        self.ctx = ctx
+        self.stream = ctx.stream(State.WAITING, rest=1.0)
+        self.on_ready = on_ready
+        #: parent key -> (join mode, keys of its children not finished at the last look):
+        #: a child's end re-reads the join only when it can decide it, so a fan-out of n
+        #: costs O(n), not a listing of every child at every child's end
+        self._open: dict[str, tuple[str, set[str]]] = {}
+        #: parent key -> when its join was last read whole; the scan reads a join it has
+        #: open at most every RECHECK seconds (children ended elsewhere are seen by then)
+        self._read_at: dict[str, float] = {}
+
+    def child_ended(
+        self, parent_placement: str, parent_key: str, child_key: str, state: State
+    ) -> None:
+        """A child of ours ended: look at its parent's join now if that can decide it.
+
+        Children finished by other managers are not counted here; the scan of waiting
+        jobs looks at every join again, so a stale count only delays, never decides."""
+        known = self._open.get(parent_key)
+        if known is not None:
+            mode, rest = known
+            rest.discard(child_key)
+            decisive = (
+                not rest
+                or (mode == "any_succeeded" and state is State.SUCCEEDED)
+                or (mode == "all_succeeded" and state in (State.FAILED, State.CANCELLED))
+            )
+            if not decisive:
+                return
+        h = _waiting_marker(self.ctx.ws, parent_placement, parent_key)
+        if h is None:
+            return
+        try:
+            self._evaluate(h)
+        except TransitionConflict:
+            pass
+        except FlowError as e:
+            self.ctx.report_once(h.key, e.render())
+
+    def run(self, budget: int, *, busy: bool = False) -> int:
+        """Read the joins of waiting jobs. While `busy` (attempts of ours run), an open join
+        read moments ago is skipped: our children's ends are counted down as they come.
+        An idle manager reads every join each round, so deciding to exit never rests on
+        a count that cannot see children other managers ran."""
+        n = 0
+        now = time.monotonic()
+        for h in self.stream.next_batch(budget, self.ctx.heartbeat):
+            if (
+                busy
+                and h.key in self._open
+                and now - self._read_at.get(h.key, -1e18) < JOIN_RECHECK
+            ):
+                continue
+            try:
+                n += self._evaluate(h)
+            except TransitionConflict:
+                continue
+            except FlowError as e:
+                self.ctx.report_once(h.key, e.render())
+        return n
+
+    def _evaluate(self, h: JobHandle) -> int:
+        ctx = self.ctx
+        frame = ctx.ws.reader.read(h.marker.ref)
+        join = frame.get("join")
+        if not isinstance(join, dict):
+            fail(ctx.ws, h, frame, "protocol_error", "waiting without a join", actor=ctx.actor)
+            return 1
+        pairs = [(str(p[0]), p[1]) for p in join.get("children", [])]
+        labels = [label for label, _ in pairs]
+        tags = {label: tag for label, tag in pairs}
+        kids = child_states(ctx.ws, h.placement, h.key, h.job_id, int(join["act"]), labels, tags)
+        states = [k.state for k in kids]
+        done = [s for s in states if s is not None and s.is_terminal]
+        ok = [s for s in states if s is State.SUCCEEDED]
+        bad = [k for k in kids if k.state in (State.FAILED, State.CANCELLED)]
+        mode = join.get("mode")
+        open_ = {k.key for k in kids if k.state is None or not k.state.is_terminal}
+        if len(self._open) >= 10_000:
+            self._open.clear()
+            self._read_at.clear()
+        self._open[h.key] = (str(mode or "all_succeeded"), open_)
+        self._read_at[h.key] = time.monotonic()
+        if mode == "any_succeeded":
+            release, impossible = bool(ok), len(done) == len(kids) and not ok
+        elif mode == "all_done":
+            release, impossible = len(done) == len(kids), False
+        else:
+            release, impossible = len(ok) == len(kids), bool(bad)
+        summary = {"children": len(kids), "succeeded": len(ok), "failed": len(bad)}
+        if release or impossible:
+            self._open.pop(h.key, None)
+            self._read_at.pop(h.key, None)
+        if release:
+            body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
+            body.pop("try_", None)
+            body.update(
+                **{"try": 0},
+                why="joined",
+                joined=summary,
+                last="joined",
+                join_ref=str(h.marker.ref),
+            )
+            self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
+            ctx.log.transition(h.key, "waiting", "ready", "joined")
+            crash_point("join.after_release")
+            return 1
+        if impossible:
+            failed = ", ".join(f"{k.label} ({k.state.value if k.state else '?'})" for k in bad[:10])
+            if join.get("on_impossible"):
+                body = carry(frame, step=join["on_impossible"], act=int(frame.get("act", 1)) + 1)
+                body.update(
+                    **{"try": 0},
+                    why="join impossible",
+                    joined=summary,
+                    last="joined",
+                    join_ref=str(h.marker.ref),
+                )
+                self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
+                ctx.log.transition(h.key, "waiting", "ready", "join impossible")
+            else:
+                fail(
+                    ctx.ws,
+                    h,
+                    frame,
+                    "dependency_failure",
+                    f"children failed: {failed}" + (" ..." if len(bad) > 10 else ""),
+                    actor=ctx.actor,
+                )
+                ctx.log.transition(h.key, "waiting", "failed", "dependency_failure")
+            return 1
+        return 0
+
+
+def _waiting_marker(ws: Workspace, placement: str, key: str) -> JobHandle | None:
+    try:
+        names = [e.name for e in fs.scandir(ws.state_dir(State.WAITING, placement))]
+    except OSError:
+        return None
+    for n in names:
+        if n.startswith(key + "."):
+            m = Marker.parse_or_none(n)
+            if m is not None and m.key == key:
+                return JobHandle(State.WAITING, placement, m)
+    return None
