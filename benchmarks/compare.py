@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import Bench, Row, median
+from harness import Bench, BenchFn, Row, median, registry
 
 #: growth (cost at 10x N over cost at N) allowed by the targets; "flat" for first claim / RSS
 GROWTH_LIMIT = 11.0
@@ -269,16 +269,8 @@ def group_syscalls(counts: dict[str, int], jobs: int) -> dict[str, float]:
 
 # -- the registry of comparisons -------------------------------------------------------
 
-VersusFn = Callable[[Bench], list[Row]]
-VERSUS: dict[str, VersusFn] = {}
-
-
-def versus(name: str) -> Callable[[VersusFn], VersusFn]:
-    def add(fn: VersusFn) -> VersusFn:
-        VERSUS[name] = fn
-        return fn
-
-    return add
+VERSUS: dict[str, BenchFn] = {}
+versus = registry(VERSUS)
 
 
 #: the order comparisons run in when none is picked with --only

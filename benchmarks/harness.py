@@ -191,19 +191,8 @@ class Bench:
 
     def sh(self, argv: Sequence[str], *, capture: bool = False) -> str:
         """Run a command to completion; BenchError naming it when it fails."""
-        p = subprocess.run(
-            argv,
-            env=self.env,
-            cwd=self.root,  # not the caller's directory: `python -c` imports from there first
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            check=False,
-        )
-        if p.returncode != 0:
-            err = p.stderr.decode(errors="replace").strip()[-2000:]
-            raise BenchError(f"`{shlex.join(argv)}` exited {p.returncode}: {err}")
-        return p.stdout.decode() if capture else ""
+        # cwd: not the caller's directory, since `python -c` imports from there first
+        return run_checked(argv, env=self.env, cwd=self.root, capture=capture)
 
     def timed(self, argv: Sequence[str]) -> float:
         """Wall seconds of one command, from spawn to exit."""
@@ -274,15 +263,42 @@ def bytecode(env: dict[str, str], cache: str) -> None:
 # -- the registry ---------------------------------------------------------------------
 
 BenchFn = Callable[[Bench], list[Row]]
+
+
+def registry(table: dict[str, BenchFn]) -> Callable[[str], Callable[[BenchFn], BenchFn]]:
+    """A decorator factory that files benchmark functions in `table` by name."""
+
+    def register(name: str) -> Callable[[BenchFn], BenchFn]:
+        def add(fn: BenchFn) -> BenchFn:
+            table[name] = fn
+            return fn
+
+        return add
+
+    return register
+
+
 BENCHMARKS: dict[str, BenchFn] = {}
+benchmark = registry(BENCHMARKS)
 
 
-def benchmark(name: str) -> Callable[[BenchFn], BenchFn]:
-    def add(fn: BenchFn) -> BenchFn:
-        BENCHMARKS[name] = fn
-        return fn
-
-    return add
+def run_checked(
+    argv: Sequence[str], *, env: dict[str, str], cwd: str, capture: bool = False
+) -> str:
+    """Run a command to completion (stdout captured if asked); BenchError when it fails."""
+    p = subprocess.run(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        check=False,
+    )
+    if p.returncode != 0:
+        err = p.stderr.decode(errors="replace").strip()[-2000:]
+        raise BenchError(f"`{shlex.join(argv)}` exited {p.returncode}: {err}")
+    return p.stdout.decode() if capture else ""
 
 
 def median(xs: Sequence[float]) -> float:

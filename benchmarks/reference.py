@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import time
@@ -25,6 +24,7 @@ from harness import (
     Bench,
     BenchError,
     bytecode,
+    run_checked,
     stop,
 )
 from programs import runners
@@ -223,19 +223,7 @@ class Reference:
     # -- commands --
 
     def sh(self, argv: Sequence[str], *, capture: bool = False, cwd: str | None = None) -> str:
-        p = subprocess.run(
-            argv,
-            env=self.env,
-            cwd=cwd or self.b.root,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            check=False,
-        )
-        if p.returncode != 0:
-            err = p.stderr.decode(errors="replace").strip()[-2000:]
-            raise BenchError(f"`{shlex.join(argv)}` exited {p.returncode}: {err}")
-        return p.stdout.decode() if capture else ""
+        return run_checked(argv, env=self.env, cwd=cwd or self.b.root, capture=capture)
 
     def durability(self, durable: bool) -> str:
         return "--durable" if durable else "--no-durable"

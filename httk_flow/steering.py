@@ -172,7 +172,7 @@ def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:
     names.check_priority(priority)
     for _ in range(5):
         st = job.state
-        if st in requests.WAITS_IN and st is not State.SUBMITTED:
+        if st in (State.CLAIMED, State.RUNNING, State.COMMITTING):
             requests.make(ws, job, "priority", priority=priority)
             return SteerResult(
                 job.key, st, st, f"priority {priority} when its current attempt ends"

@@ -99,3 +99,16 @@ def test_no_scheduler_is_named_outside_its_backend_package() -> None:
             if re.search(rf"(?<![a-z.]){w}(?!\()", text)
         ]
     assert offenders == []
+
+
+def test_the_lazy_cli_knows_which_module_holds_each_core_command() -> None:
+    """cli/main loads one command module per command by its table; a stale entry would
+    still work (everything is loaded as a fallback) but lose the speed, so keep it true."""
+    import click
+
+    from httk_flow.cli import main
+
+    for mod, commands in main._MODULES.items():
+        group = click.Group()
+        __import__(f"httk_flow.cli.{mod}", fromlist=["register"]).register(group)
+        assert sorted(group.commands) == sorted(commands), mod

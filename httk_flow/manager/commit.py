@@ -86,8 +86,7 @@ class Committer:
         )
         inbox = self.inbox
         folded: Folded | None = None
-        if inbox is not None:
-            inbox.refresh()  # a request made while the attempt ran applies at this commit
+        # the tick listed the requests (when their directory changed) just before reaping
         if inbox is not None and spec.id in inbox.by_job:
             folded = inbox.fold(job, decision, inbox.claim_for(spec.id))
             decision = folded.decision

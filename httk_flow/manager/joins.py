@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from httk_flow.children import child_states
 from httk_flow.crash import crash_point
@@ -21,7 +22,15 @@ from httk_flow.states import State
 from httk_flow.transition import JobHandle, carry, transition
 from httk_flow.workspace import Workspace
 
-#: seconds between two whole reads of one open join by the waiting scan
+
+@dataclass
+class _OpenJoin:
+    mode: str
+    unfinished: set[str]  # keys of children not finished when the join was last read
+    read_at: float  # time.monotonic() of that read
+
+
+#: seconds between two whole reads of one open join by the waiting scan (while busy)
 JOIN_RECHECK = 2.0
 
 
@@ -32,13 +41,10 @@ class JoinPass:
         self.ctx = ctx
         self.stream = ctx.stream(State.WAITING, rest=1.0)
         self.on_ready = on_ready
-        #: parent key -> (join mode, keys of its children not finished at the last look):
-        #: a child's end re-reads the join only when it can decide it, so a fan-out of n
-        #: costs O(n), not a listing of every child at every child's end
-        self._open: dict[str, tuple[str, set[str]]] = {}
-        #: parent key -> when its join was last read whole; the scan reads a join it has
-        #: open at most every RECHECK seconds (children ended elsewhere are seen by then)
-        self._read_at: dict[str, float] = {}
+        #: parent key -> its open join as last read whole: a child's end re-reads the join
+        #: only when it can decide it, so a fan-out of n costs O(n), not a listing of every
+        #: child at every child's end
+        self._open: dict[str, _OpenJoin] = {}
 
     def child_ended(
         self, parent_placement: str, parent_key: str, child_key: str, state: State
@@ -49,12 +55,11 @@ class JoinPass:
         jobs looks at every join again, so a stale count only delays, never decides."""
         known = self._open.get(parent_key)
         if known is not None:
-            mode, rest = known
-            rest.discard(child_key)
+            known.unfinished.discard(child_key)
             decisive = (
-                not rest
-                or (mode == "any_succeeded" and state is State.SUCCEEDED)
-                or (mode == "all_succeeded" and state in (State.FAILED, State.CANCELLED))
+                not known.unfinished
+                or (known.mode == "any_succeeded" and state is State.SUCCEEDED)
+                or (known.mode == "all_succeeded" and state in (State.FAILED, State.CANCELLED))
             )
             if not decisive:
                 return
@@ -76,11 +81,8 @@ class JoinPass:
         n = 0
         now = time.monotonic()
         for h in self.stream.next_batch(budget, self.ctx.heartbeat):
-            if (
-                busy
-                and h.key in self._open
-                and now - self._read_at.get(h.key, -1e18) < JOIN_RECHECK
-            ):
+            known = self._open.get(h.key)
+            if busy and known is not None and now - known.read_at < JOIN_RECHECK:
                 continue
             try:
                 n += self._evaluate(h)
@@ -109,9 +111,7 @@ class JoinPass:
         open_ = {k.key for k in kids if k.state is None or not k.state.is_terminal}
         if len(self._open) >= 10_000:
             self._open.clear()
-            self._read_at.clear()
-        self._open[h.key] = (str(mode or "all_succeeded"), open_)
-        self._read_at[h.key] = time.monotonic()
+        self._open[h.key] = _OpenJoin(str(mode or "all_succeeded"), open_, time.monotonic())
         if mode == "any_succeeded":
             release, impossible = bool(ok), len(done) == len(kids) and not ok
         elif mode == "all_done":
@@ -121,7 +121,6 @@ class JoinPass:
         summary = {"children": len(kids), "succeeded": len(ok), "failed": len(bad)}
         if release or impossible:
             self._open.pop(h.key, None)
-            self._read_at.pop(h.key, None)
         if release:
             body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
             body.pop("try_", None)

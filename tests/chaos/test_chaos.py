@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import pytest
 from helpers import wait_for
 from manager.support import (
     Managers,
-    OrphanReaper,
     dump,
     job,
     log_of,
@@ -186,16 +184,6 @@ touch "$FLOW_WORKDIR/started"
 sleep 30
 publish '{"action":"succeed"}'
 """
-
-
-@pytest.fixture
-def managers(tmp_path: Path) -> Iterator[Managers]:
-    with OrphanReaper():
-        m = Managers(tmp_path)
-        try:
-            yield m
-        finally:
-            m.close()
 
 
 def test_a_cancel_killed_right_after_its_fence_is_finished_by_the_manager(
