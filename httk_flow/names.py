@@ -31,6 +31,11 @@ _COMPONENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}")
 #: deepest placement accepted; deeper trees only slow every scan down
 MAX_PLACEMENT_DEPTH = 16
 MAX_PLACEMENT_LEN = 512
+#: the longest job key: a 64-character tag, "--" and a 32-digit id
+MAX_KEY_LEN = 64 + 2 + 32
+#: a marker is born inside its job's payload under this prefix and moved out by one rename,
+#: so only one actor can ever publish it (protocol.md §6)
+BIRTH_PREFIX = ".birth."
 MAX_PRIORITY = 999
 DEFAULT_PRIORITY = 500
 
@@ -115,6 +120,27 @@ def check_placement(placement: str) -> str:
                 "'_.+=@,-', not starting with '.' or '-'",
                 obj=obj,
             )
+    return p
+
+
+def check_parent_placement(placement: str) -> str:
+    """A placement a user may submit to: its jobs' children live one level below it
+    (`<placement>/<key>`), so it must leave room for that level."""
+    p = check_placement(placement)
+    obj = f"placement {placement!r}"
+    if p.count("/") + 1 > MAX_PLACEMENT_DEPTH - 1:
+        raise InvalidName(
+            f"has {p.count('/') + 1} components; a job's children live one level below it, "
+            f"so a submitted placement has at most {MAX_PLACEMENT_DEPTH - 1}",
+            obj=obj,
+        )
+    room = MAX_PLACEMENT_LEN - 1 - MAX_KEY_LEN
+    if len(p) > room:
+        raise InvalidName(
+            f"is {len(p)} characters; a job's children live under <placement>/<key>, so a "
+            f"submitted placement has at most {room}",
+            obj=obj,
+        )
     return p
 
 

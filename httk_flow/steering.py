@@ -148,6 +148,8 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
         # a paused join goes back to waiting for its children
         body = carry(frame, join=join, why="resumed")
         body["intr"] = 0
+        if "deaths" in body:
+            body["deaths"] = 0
         try:
             new = transition(ws, job, State.WAITING, body, actor=_actor())
         except FlowError:
@@ -156,6 +158,8 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
     body = carry(frame, why="resumed", last="resumed")
     body["try"] = 0
     body["intr"] = 0  # an operator looked: the interruption count starts again
+    if "deaths" in body:
+        body["deaths"] = 0
     if step is not None or st is State.FAILED:
         body["act"] = int(frame.get("act", 1)) + 1
     if step is not None:

@@ -30,11 +30,10 @@ from httk_flow.jobspec import (
     WorkdirMode,
     check_params,
 )
-from httk_flow.names import Marker
+from httk_flow.names import BIRTH_PREFIX, Marker
 from httk_flow.programs import ProgramStore
 from httk_flow.services import ServiceClass, ServiceRegistry
 from httk_flow.states import State
-from httk_flow.transition import locate_key
 from httk_flow.workspace import Workspace
 
 #: jobs published per journal write and marker burst
@@ -127,11 +126,12 @@ class Submitter:
         except Exception as e:  # _Bad carries the sentence
             raise UsageError(str(e), obj="params") from None
         job_id = req.job_id or names.new_id()
-        placement = (
-            names.check_placement(req.placement)
-            if req.placement
-            else names.default_placement(job_id)
-        )
+        if not req.placement:
+            placement = names.default_placement(job_id)
+        elif req.parent is None:
+            placement = names.check_parent_placement(req.placement)
+        else:
+            placement = names.check_placement(req.placement)
         spec = JobSpec(
             id=job_id,
             key=names.make_key(job_id, req.tag),
@@ -182,9 +182,21 @@ class Submitter:
         With `idempotent`, a job whose payload or marker already exists (a replayed
         commit registering children) is completed rather than duplicated.
         """
+        yield from self.publish(
+            ((self.build(req), req) for req in requests), progress=progress, idempotent=idempotent
+        )
+
+    def publish(
+        self,
+        built: Iterable[tuple[JobSpec, SubmitRequest]],
+        *,
+        progress: Callable[[int], None] | None = None,
+        idempotent: bool = False,
+    ) -> Iterator[JobSpec]:
+        """Publish requests already built into specs, in batches (see submit)."""
         batch: list[tuple[JobSpec, SubmitRequest]] = []
-        for req in requests:
-            batch.append((self.build(req), req))
+        for pair in built:
+            batch.append(pair)
             if len(batch) >= BATCH:
                 yield from self._publish(batch, idempotent)
                 if progress:
@@ -198,74 +210,128 @@ class Submitter:
     def _publish(
         self, batch: list[tuple[JobSpec, SubmitRequest]], idempotent: bool
     ) -> Iterator[JobSpec]:
+        """Payloads, then one journal write, then each marker born inside its payload and
+        moved out by one rename (protocol.md §6): a registrant that wakes from a freeze,
+        or two that race, can never give one job two markers."""
         ws, durable = self.ws, self.ws.policy.durable
-        fresh: list[JobSpec] = []
-        sync_dirs: set[str] = set()
-        for spec, req in batch:
-            final = ws.job_dir(spec.placement, spec.key)
-            if idempotent and fs.exists(final):
-                if locate_key(ws, spec.placement, spec.key) is None:
-                    fresh.append(spec)
-                continue
-            # unique: a submitter killed mid-payload leaves its tmp behind for a replay to meet
-            tmp = os.path.join(ws.tmp, f"job-{spec.id}.{os.urandom(4).hex()}")
-            os.mkdir(tmp)
-            try:
-                raw = self._raw.pop(spec.id, None) or spec.to_json()
-                write_file(os.path.join(tmp, "job.json"), raw, durable=durable)
-                if req.inputs:
-                    _copy_inputs(req.inputs, os.path.join(tmp, "files"))
-                if durable:
-                    fsync_dir(tmp)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            parent = os.path.dirname(final)
-            ws.ensure_dir(parent)
-            try:
-                fs.rename(tmp, final)
-            except OSError:
-                if not idempotent or not fs.exists(final):
+        staged: list[tuple[JobSpec, str | None]] = []  # (spec, tmp payload or None: exists)
+        try:
+            for spec, req in batch:
+                final = ws.job_dir(spec.placement, spec.key)
+                if idempotent and fs.exists(final):
+                    staged.append((spec, None))  # completed below: O(1) listings, no payload
+                    continue
+                staged.append((spec, self._stage(spec, req)))
+            frames = [_submission_frame(s, self.actor) for s, tmp in staged if tmp is not None]
+            refs = iter(ws.writer.append_many(frames) if frames else [])
+            crash_point("submit.after_journal")
+            births: list[tuple[JobSpec, str]] = []
+            for spec, tmp in staged:
+                if tmp is not None:
+                    service = self.services.publish(ServiceClass(spec.pool, spec.requires))
+                    marker = Marker(spec.key, spec.priority, 0, next(refs), service=service)
+                    write_file(os.path.join(tmp, BIRTH_PREFIX + marker.name), b"", durable=False)
+                    if durable:
+                        fsync_dir(tmp)
+                births.append((spec, tmp or ""))
+            parents: set[str] = set()
+            for spec, tmp in births:
+                if tmp:
+                    final = ws.job_dir(spec.placement, spec.key)
+                    parent = os.path.dirname(final)
+                    ws.ensure_dir(parent)
+                    try:
+                        fs.rename(tmp, final)
+                    except OSError:
+                        if not idempotent or not fs.exists(final):
+                            raise
+                        shutil.rmtree(tmp, ignore_errors=True)  # another registrant's won
+                    parents.add(parent)
+                    crash_point("submit.after_payload")
+            if durable:
+                for d in parents:
+                    fsync_dir(d)
+        except BaseException:
+            for _, tmp in staged:
+                if tmp is not None and os.path.isdir(tmp):
                     shutil.rmtree(tmp, ignore_errors=True)
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)
-            sync_dirs.add(parent)
-            crash_point("submit.after_payload")
-            fresh.append(spec)
-        if durable:
-            for d in sync_dirs:
-                fsync_dir(d)
-        frames = [
-            {
-                "job": s.id,
-                "key": s.key,
-                "placement": s.placement,
-                "to": State.SUBMITTED.value,
-                "gen": 0,
-                "prev": None,
-                "t": s.created,
-                "by": self.actor,
-                "step": s.step,
-                "act": 1,
-                "try": 0,
-                "tries": 0,
-            }
-            for s in fresh
-        ]
-        refs = ws.writer.append_many(frames) if frames else []
-        crash_point("submit.after_journal")
+            raise
         marker_dirs: set[str] = set()
-        for spec, ref in zip(fresh, refs, strict=True):
-            service = self.services.publish(ServiceClass(spec.pool, spec.requires))
-            marker = Marker(spec.key, spec.priority, 0, ref, service=service)
-            d = ws.state_dir(State.SUBMITTED, spec.placement)
-            ws.ensure_dir(d)
-            write_file(os.path.join(d, marker.name), b"", durable=False)
-            marker_dirs.add(d)
+        for spec, _ in births:
+            moved = self._move_birth(spec)
+            if moved is not None:
+                marker_dirs.add(moved)
         if durable:
             for d in marker_dirs:
                 fsync_dir(d)
         yield from (s for s, _ in batch)
+
+    def _stage(self, spec: JobSpec, req: SubmitRequest) -> str:
+        """The job's payload assembled under .flow/tmp (a name of its own: a submitter
+        killed mid-payload leaves its tmp behind for a replay to meet)."""
+        tmp = os.path.join(self.ws.tmp, f"job-{spec.id}.{os.urandom(4).hex()}")
+        os.mkdir(tmp)
+        try:
+            raw = self._raw.pop(spec.id, None) or spec.to_json()
+            write_file(os.path.join(tmp, "job.json"), raw, durable=self.ws.policy.durable)
+            if req.inputs:
+                _copy_inputs(req.inputs, os.path.join(tmp, "files"))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return tmp
+
+    def _move_birth(self, spec: JobSpec) -> str | None:
+        """Move the job's birth marker (if still in its payload) into submitted/; returns
+        the state directory it went to. No birth marker: the job is published already."""
+        ws = self.ws
+        job_dir = ws.job_dir(spec.placement, spec.key)
+        born = _birth_marker(job_dir)
+        if born is None:
+            return None
+        d = ws.state_dir(State.SUBMITTED, spec.placement)
+        src, dst = os.path.join(job_dir, born), os.path.join(d, born[len(BIRTH_PREFIX) :])
+        ws.ensure_dir(d)
+        try:
+            fs.rename(src, dst)
+        except FileNotFoundError:
+            if os.path.isdir(d):
+                return None  # another registrant moved it out first: still one marker
+            ws.forget_dir(d)  # the state directory was retired meanwhile: make it again
+            ws.ensure_dir(d)
+            try:
+                fs.rename(src, dst)
+            except FileNotFoundError:
+                return None
+        if ws.policy.durable:
+            fsync_dir(job_dir)
+        return d
+
+
+def _birth_marker(job_dir: str) -> str | None:
+    """The name of the birth marker inside a payload, if it has not been moved out yet."""
+    try:
+        names = [e.name for e in fs.scandir(job_dir)]
+    except FileNotFoundError:
+        return None
+    return next((n for n in names if n.startswith(BIRTH_PREFIX)), None)
+
+
+def _submission_frame(s: JobSpec, actor: str) -> dict[str, object]:
+    return {
+        "job": s.id,
+        "key": s.key,
+        "placement": s.placement,
+        "to": State.SUBMITTED.value,
+        "gen": 0,
+        "prev": None,
+        "t": s.created,
+        "by": actor,
+        "step": s.step,
+        "act": 1,
+        "try": 0,
+        "tries": 0,
+    }
 
 
 def _copy_inputs(inputs: list[str], dest: str) -> None:

@@ -22,7 +22,7 @@ from httk_flow.states import State
 from httk_flow.workspace import Workspace
 
 #: snapshot members every frame carries forward, so the newest frame is the job's state
-CARRIED = ("step", "act", "try", "tries", "intr", "last", "join_ref")
+CARRIED = ("step", "act", "try", "tries", "intr", "deaths", "last", "join_ref")
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,9 +111,8 @@ def test_eight_processes_racing_for_two_thousand_markers_claim_each_job_exactly_
     winners = {job_id: racer for racer, r in results.items() for job_id in r["successes"]}
     assert sum(len(r["successes"]) for r in results.values()) == JOBS
     assert set(winners) == ids
-    # they really raced: more than one process won, and some lost
-    assert len([r for r in results.values() if r["successes"]]) > 1
-    assert sum(r["conflicts"] for r in results.values()) > 0
+    # how much they really overlapped is the scheduler's business (on two busy cores one
+    # racer may take everything): what must hold is exactly once, whatever the interleaving
 
     # the workspace's account: every job claimed once, nothing left behind or lost
     assert markers_in(ws, State.READY) == []

@@ -273,17 +273,20 @@ def test_an_idempotent_resubmit_with_the_same_job_id_creates_no_duplicate(
     assert load_spec(ws, "kids", first.key) == first  # the first definition is kept
 
 
-def test_an_idempotent_resubmit_completes_a_payload_that_lost_its_marker(
+def test_an_idempotent_resubmit_completes_a_payload_whose_marker_was_not_moved_out(
     ws: Workspace, submitter: Submitter
 ) -> None:
     job_id = names.new_id()
     req = SubmitRequest(program="true", job_id=job_id, placement="kids")
     [spec] = submitter.submit([req])
-    # a crash between payload and marker: the payload is there, the marker is not
+    # a crash between payload and marker: the payload is published, its marker still
+    # born inside it (protocol.md §6)
     handle = locate_key(ws, spec.placement, spec.key)
     assert handle is not None
-    os.unlink(handle.path(ws))
+    job_dir = ws.job_dir(spec.placement, spec.key)
+    os.rename(handle.path(ws), os.path.join(job_dir, names.BIRTH_PREFIX + handle.marker.name))
     list(submitter.submit([req], idempotent=True))
+    assert not [n for n in os.listdir(job_dir) if n.startswith(names.BIRTH_PREFIX)]
     again = locate_key(ws, spec.placement, spec.key)
     assert again is not None and again.state is State.SUBMITTED
     assert ws.reader.read(again.marker.ref)["job"] == job_id

@@ -162,8 +162,8 @@ def test_a_submitter_killed_at_each_crash_point_leaves_no_marker_without_its_pay
         # died after its nth payload: all of them orphans, since no frame or marker names them
         assert (_payloads(ws), visible) == (nth, 0)
     else:
-        # died after the nth batch's frames: that batch has payloads but no markers yet
-        assert (_payloads(ws), visible) == (CHUNK * nth, CHUNK * (nth - 1))
+        # died after the nth batch's frames: that batch's payloads are not published yet
+        assert (_payloads(ws), visible) == (CHUNK * (nth - 1), CHUNK * (nth - 1))
     # the workspace takes new work after the crash, and every visible job registers
     proc = _start(ws, program, data, tmp_path / "started-after")
     _, err = proc.communicate(timeout=60)

@@ -7,13 +7,14 @@ side effects in between (child registration) are idempotent.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
 
 from httk_flow.children import child_id, child_placement
 from httk_flow.crash import crash_point
-from httk_flow.errors import FlowError, InvalidOutcome
+from httk_flow.errors import CorruptRecord, FlowError, InvalidOutcome, UsageError
 from httk_flow.jobs import load_spec
 from httk_flow.jobspec import JobSpec, ParentRef
 from httk_flow.journal import Frame
@@ -44,6 +45,8 @@ class Committer:
         self._submitter = Submitter(ws, actor=actor)
         #: operator requests (pause, priority) folded into the commits of our attempts
         self.inbox = inbox
+        #: keeps our lease alive while a commit registers thousands of children
+        self.heartbeat: Callable[[], None] = lambda: None
 
     def ending_from_dir(
         self,
@@ -53,6 +56,7 @@ class Committer:
         *,
         interrupted: bool = False,
         drained: bool = False,
+        owner_died: bool = False,
     ) -> Ending:
         """Read the attempt's published outcome (if any) into an Ending."""
         if not os.path.isdir(attempt_dir):
@@ -63,7 +67,13 @@ class Committer:
         except InvalidOutcome as e:
             return Ending(exit_code, sig, None, e.render())
         return Ending(
-            exit_code, sig, out, None, interrupted=interrupted and out is None, drained=drained
+            exit_code,
+            sig,
+            out,
+            None,
+            interrupted=interrupted and out is None,
+            drained=drained,
+            owner_died=owner_died and out is None,
         )
 
     def commit(
@@ -120,7 +130,7 @@ class Committer:
     def resume(
         self, job: JobHandle, frame: Frame, evidence: dict[str, object] | None = None
     ) -> JobHandle:
-        """Take over a committing marker whose owner is gone, then finish its commit."""
+        """Take over a committing marker whose holder is gone, then finish its commit."""
         body = carry(
             frame,
             attempt=frame.get("attempt"),
@@ -135,11 +145,16 @@ class Committer:
             body["evidence"] = evidence
         mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
         self.log.transition(job.key, "committing", "committing", "taken over")
+        return self.finish_recorded(mine, body)
+
+    def finish_recorded(self, mine: JobHandle, frame: Frame) -> JobHandle:
+        """Finish the commit a committing frame records, from a marker we hold (after a
+        takeover, or after a transient error interrupted our own commit)."""
         try:
-            spec = load_spec(self.ws, job.placement, job.key)
+            spec = load_spec(self.ws, mine.placement, mine.key)
             raw = frame.get("decision")
             if not isinstance(raw, dict):
-                raise InvalidOutcome("the committing frame has no decision", obj=job.key)
+                raise InvalidOutcome("the committing frame has no decision", obj=mine.key)
             decision = Decision.from_json(raw)
         except (FlowError, KeyError, ValueError, TypeError) as e:
             failure = {"code": "protocol_error", "message": str(e), "retryable": False}
@@ -155,7 +170,7 @@ class Committer:
             att = frame.get("attempt") or {}
             n = att.get("n") if isinstance(att, dict) else None
             adir = (
-                os.path.join(self.ws.job_dir(job.placement, job.key), "attempts", attempt_name(n))
+                os.path.join(self.ws.job_dir(mine.placement, mine.key), "attempts", attempt_name(n))
                 if isinstance(n, int) and not isinstance(n, bool)
                 else None
             )
@@ -170,13 +185,17 @@ class Committer:
                 decision.not_before,
                 out.children if out else (),
             )
-        return self.finish(mine, spec, body, decision)
+        return self.finish(mine, spec, frame, decision)
 
     def finish(
         self, committing: JobHandle, spec: JobSpec, frame: Frame, decision: Decision
     ) -> JobHandle:
         if decision.children:
-            self._register_children(spec, frame, decision.children)
+            try:
+                self._register_children(spec, frame, decision.children)
+            except (UsageError, InvalidOutcome, CorruptRecord) as e:
+                # children that can never be registered: the commit can never complete
+                return self._fail_commit(committing, frame, e)
             crash_point("commit.after_children")
         body = carry(frame, **decision.body)
         body["why"] = decision.why
@@ -200,6 +219,18 @@ class Committer:
         )
         self.log.transition(committing.key, "committing", decision.target.value, decision.why)
         crash_point("commit.after_final")
+        return final
+
+    def _fail_commit(self, committing: JobHandle, frame: Frame, err: FlowError) -> JobHandle:
+        message = f"the commit cannot complete: {err.render()}"[:4000]
+        failure = {"code": "commit_error", "message": message, "retryable": False}
+        body = carry(frame, failure=failure, why="commit_error", last="commit_error")
+        for k in ("attempt", "result", "evidence", "requests"):
+            if k in frame:
+                body[k] = frame[k]
+        final = transition(self.ws, committing, State.FAILED, body, actor=self.actor)
+        self.log.transition(committing.key, "committing", "failed", "commit_error")
+        self.log.problem(committing.key, message)
         return final
 
     def _register_children(
@@ -230,8 +261,49 @@ class Committer:
                     job_id=child_id(spec.id, act, c.label),
                 )
             )
-        for _ in self._submitter.submit(reqs, idempotent=True):
+        # every child is validated before the first is published: all or nothing
+        specs = [self._submitter.build(r) for r in reqs]
+        self.heartbeat()
+        for _ in self._submitter.publish(
+            zip(specs, reqs, strict=True), idempotent=True, progress=lambda _n: self.heartbeat()
+        ):
             pass
+
+
+#: errors a live owner waits out (a full disk, a hiccup of the shared filesystem)
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EIO,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.ESTALE,
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+    }
+)
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether a commit that failed with `err` may succeed later: an OS error in its chain
+    that time or an operator can fix; bad definitions never become good."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, UsageError | InvalidOutcome | CorruptRecord):
+            return False
+        if isinstance(seen, OSError):
+            return seen.errno in TRANSIENT_ERRNOS or seen.errno is None
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _child_program(job_dir: str, program: str) -> str:

@@ -13,6 +13,9 @@ from httk_flow.states import State
 
 #: uncharged interruptions of one job before it is failed rather than restarted forever
 MAX_INTERRUPTIONS = 20
+#: consecutive attempts during which the manager died before the job is failed: a job
+#: that kills its manager (kill $PPID, or memory that makes the OOM killer pick it)
+MAX_MANAGER_DEATHS = 3
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Ending:
     outcome_error: str | None = None
     interrupted: bool = False  # we (drain) or a dead manager stopped it: not the job's fault
     drained: bool = False  # the interruption was our own orderly drain (walltime, signal)
+    owner_died: bool = False  # taken over from a manager that died while it ran
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"exit": self.exit_code, "signal": self.signal}
@@ -68,11 +72,28 @@ def decide(
     backoff_cap: float,
 ) -> Decision:
     """The next state of a job whose current attempt ended as `ending` describes."""
+    d = _decide(spec, frame, ending, now=now, backoff_base=backoff_base, backoff_cap=backoff_cap)
+    if frame.get("deaths") and "deaths" not in d.body:
+        # an attempt whose manager lived to its end: the run of deaths is broken
+        return Decision(d.target, d.why, {**d.body, "deaths": 0}, d.not_before, d.children)
+    return d
+
+
+def _decide(
+    spec: JobSpec,
+    frame: Frame,
+    ending: Ending,
+    *,
+    now: float,
+    backoff_base: float,
+    backoff_cap: float,
+) -> Decision:
     step = str(frame.get("step", spec.step))
     act = int(frame.get("act", 1))
     tried = int(frame.get("try", 1))
     tries = int(frame.get("tries", 1))
     intr = int(frame.get("intr", 0))
+    deaths = int(frame.get("deaths", 0))
 
     def failed(code: str, message: str) -> Decision:
         failure = {"code": code, "message": message, "retryable": code == "budget_exhausted"}
@@ -83,6 +104,14 @@ def decide(
             # a drain at walltime is how long jobs live: it counts against nothing
             return Decision(State.READY, why, {"try": max(0, tried - 1), "last": why})
         if not charged:
+            if ending.owner_died and deaths + 1 >= MAX_MANAGER_DEATHS:
+                return failed(
+                    "manager_deaths",
+                    f"the manager died during {deaths + 1} consecutive attempts of step "
+                    f"{step}; the job may be killing it (kill $PPID, or memory use that "
+                    "makes the kernel's OOM killer choose it); resume it once the cause "
+                    "is understood",
+                )
             if intr + 1 >= MAX_INTERRUPTIONS:
                 return failed(
                     "interrupted_too_often",
@@ -90,6 +119,8 @@ def decide(
                     "it; resume it once the cause is understood",
                 )
             body = {"try": max(0, tried - 1), "intr": intr + 1, "last": why}
+            if ending.owner_died:
+                body["deaths"] = deaths + 1
             return Decision(State.READY, why, body)
         # interruptions are not the job's fault: they count against no budget
         if tried > spec.retries or tries - intr >= spec.max_attempts:

@@ -15,7 +15,8 @@ from httk_flow.jobs import fail
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
 from httk_flow.manager.attempts import OUTCOME_STAGING, AttemptPlan, prepare
-from httk_flow.manager.commit import Committer
+from httk_flow.manager.commit import Committer, is_transient
+from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import LaunchedProcess, group_alive, launch, signal_group
 from httk_flow.manager.log import ManagerLog
 from httk_flow.states import State
@@ -36,6 +37,29 @@ class LocalAttempt:
     started: float
     term_at: float | None = None  # when we sent TERM (drain or cancel)
     interrupted: bool = False  # stopped by our drain: not charged to the job
+
+
+@dataclass
+class Pending:
+    """An attempt whose commit (or, before launch, whose claim's release) failed for a
+    reason that may pass (a full disk): retried with backoff, reported once."""
+
+    la: LocalAttempt | None
+    claimed: JobHandle
+    spec: JobSpec
+    body: Frame
+    ending: Ending | None  # None: a claim to give back, not a commit
+    code: int | None = None
+    sig: int | None = None
+    next_at: float = 0.0
+    delay: float = 0.5
+    tries: int = 0
+
+
+#: backoff of a retried commit: doubling from half a second up to this
+PENDING_DELAY_CAP = 30.0
+#: a commit failing for a reason not known to pass is given up after this many tries
+PENDING_PERMANENT_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -75,9 +99,12 @@ class LocalAttempts:
         self._unstaged: dict[str, int] = {}
         #: process groups of ended attempts that still had members: pgid -> KILL time
         self.leftovers: dict[int, float] = {}
+        #: commits and releases waiting out a transient error, by job key
+        self.pending: dict[str, Pending] = {}
 
     def __len__(self) -> int:
-        return len(self.by_key)
+        # a commit still to be retried holds its slot: nothing is done until it lands
+        return len(self.by_key) + len(self.pending)
 
     def start(
         self,
@@ -113,10 +140,17 @@ class LocalAttempts:
         except OSError as e:
             msg = f"cannot start the attempt ({e.strerror}: {e.filename or ''})"
             self.log.problem(claimed.key, msg)
+            if is_transient(e):
+                # a full disk fails no job: the claim goes back and is tried again later
+                self._hold(Pending(None, claimed, spec, claim_body, None))
+                return None
             try:
                 fail(self.ws, claimed, claim_body, "launch_error", msg, actor=self.actor)
             except TransitionConflict:
                 pass
+            except FlowError as e2:
+                self.log.problem(claimed.key, f"cannot fail the job: {e2.render()}")
+                self._hold(Pending(None, claimed, spec, claim_body, None))
             return None
         crash_point("launch.after_spawn")
         attempt = dict(claim_body["attempt"])
@@ -147,7 +181,7 @@ class LocalAttempts:
         """Commit every attempt whose process has exited."""
         if self.leftovers:
             self._kill_leftovers(self.clock())
-        done = []
+        done = self._retry_pending() if self.pending else []
         for key, la in list(self.by_key.items()):
             rc = la.proc.poll()
             if rc is None:
@@ -183,8 +217,12 @@ class LocalAttempts:
             return self.committer.commit(la.job, la.spec, la.frame, ending)
         except TransitionConflict:
             return self._fenced(la, code, sig)
-        except FlowError as e:
-            self.log.problem(la.job.key, f"commit failed: {e.render()}")
+        except (FlowError, OSError) as e:
+            msg = e.render() if isinstance(e, FlowError) else str(e)
+            self.log.problem(la.job.key, f"commit failed: {msg}; retrying while it fails")
+            if not isinstance(e, UnsafePath):
+                self._hold(Pending(la, la.job, la.spec, la.frame, ending, code, sig))
+                return None
             if isinstance(e, UnsafePath):
                 # the commit may have reached committing before its target directory was
                 # refused: fail the job from where its marker is now, or it stays
@@ -200,6 +238,60 @@ class LocalAttempts:
                         )
             return None
 
+    def _hold(self, p: Pending) -> None:
+        p.next_at = self.clock() + p.delay
+        self.pending[p.claimed.key] = p
+
+    def _retry_pending(self) -> list[Finished]:
+        """Try again the commits and releases whose backoff has passed."""
+        now = self.clock()
+        done = []
+        for key, p in list(self.pending.items()):
+            if p.next_at > now:
+                continue
+            del self.pending[key]
+            p.tries += 1
+            try:
+                handle = self._retry(p)
+            except TransitionConflict:
+                handle = (
+                    self._fenced(p.la, p.code, p.sig, reaped=True) if p.la is not None else None
+                )
+            except (FlowError, OSError) as e:
+                if is_transient(e) or p.tries < PENDING_PERMANENT_TRIES:
+                    p.delay = min(PENDING_DELAY_CAP, p.delay * 2)
+                    self._hold(p)  # reported once, when it first failed
+                    continue
+                msg = e.render() if isinstance(e, FlowError) else str(e)
+                self.log.problem(key, f"gave up after {p.tries} tries: {msg}")
+                handle = None
+            else:
+                self.log.info(f"{key}: done after {p.tries} retries", job=key)
+            released = handle is not None and handle.state is State.READY
+            if p.ending is not None or released:
+                done.append(Finished(p.spec, handle))
+        return done
+
+    def _retry(self, p: Pending) -> JobHandle | None:
+        """Finish what `p` holds from wherever its marker is now; never twice."""
+        now = locate_key(self.ws, p.claimed.placement, p.claimed.key)
+        if now is None:
+            raise TransitionConflict("the job's marker is gone", obj=p.claimed.key)
+        if now.marker == p.claimed.marker:
+            if p.ending is None:
+                body = carry(p.body, why="released: the attempt could not start")
+                body["try"] = max(0, int(p.body.get("try", 1)) - 1)
+                return transition(self.ws, now, State.READY, body, actor=self.actor)
+            return self.committer.commit(now, p.spec, p.body, p.ending)
+        if now.state is State.COMMITTING and p.ending is not None:
+            frame = self.ws.reader.read(now.marker.ref)
+            att = frame.get("attempt")
+            ours = isinstance(att, dict) and att.get("n") == p.body.get("attempt", {}).get("n")
+            if frame.get("by") == self.actor and ours:
+                # our own commit got as far as committing: finish what its frame records
+                return self.committer.finish_recorded(now, frame)
+        raise TransitionConflict("the job moved on while its commit waited", obj=p.claimed.key)
+
     def _staging_used(self, la: LocalAttempt) -> None:
         """Remove an unused staging directory, and remember whether the program used it."""
         program = la.spec.program.digest or la.spec.program.command or ""
@@ -214,8 +306,11 @@ class LocalAttempts:
             self._unstaged.clear()
         self._unstaged[program] = 0
 
-    def _fenced(self, la: LocalAttempt, code: int | None, sig: int | None) -> JobHandle | None:
-        """The marker moved under the attempt: finish a cancellation, else let it go."""
+    def _fenced(
+        self, la: LocalAttempt, code: int | None, sig: int | None, *, reaped: bool = False
+    ) -> JobHandle | None:
+        """The marker moved under the attempt: finish a cancellation, else let it go.
+        `reaped`: its group was stopped long ago (a retried commit); its id may be reused."""
         now = locate_key(self.ws, la.job.placement, la.job.key)
         if now is None or now.state is not State.CANCELLING:
             self.log.problem(la.job.key, "attempt was fenced; its outcome is ignored")
@@ -224,12 +319,13 @@ class LocalAttempts:
         att = frame.get("attempt") or {}
         if not isinstance(att, dict) or att.get("manager") != self.actor:
             return None
-        signal_group(la.proc.pid, signal.SIGKILL)
+        if not reaped:
+            signal_group(la.proc.pid, signal.SIGKILL)
         evidence = {
             "exit": code,
             "signal": sig,
             "verified": "reaped by its manager",
-            "group_gone": not group_alive(la.proc.pid),
+            "group_gone": reaped or not group_alive(la.proc.pid),
         }
         body = carry(frame, attempt=att, evidence=evidence, why="cancelled")
         try:

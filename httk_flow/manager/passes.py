@@ -19,7 +19,7 @@ from httk_flow.jobs import fail, load_spec, register
 from httk_flow.jobspec import JobSpec
 from httk_flow.journal import Frame
 from httk_flow.manager.attempts import attempt_dir
-from httk_flow.manager.commit import Committer
+from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import group_alive, process_alive, signal_group
 from httk_flow.manager.log import ManagerLog
@@ -227,7 +227,8 @@ class ClaimPass:
             return None
         except FlowError as e:
             ctx.report_once(h.key, f"cannot claim: {e.render()}")
-            self.unclaimable.add(h.key)
+            if not is_transient(e):
+                self.unclaimable.add(h.key)  # a full disk passes; a damaged job does not
             return None
         ctx.log.transition(h.key, "ready", "claimed")
         crash_point("claim.after_claim")
@@ -273,6 +274,8 @@ class RecoveryPass:
         self._marks: tuple[int, ...] = ()
         self._unsettled: set[str] = set()  # suspects still owning work in this sweep
         self._next_sweep = 0.0
+        #: orphaned attempts we killed, by job key: named in the takeover's evidence
+        self._killed: dict[str, dict[str, object]] = {}
 
     def run(self, budget: int) -> int:
         """Sweep the active kinds while some manager is not alive (and every
@@ -306,6 +309,10 @@ class RecoveryPass:
         att = frame.get("attempt")
         att = att if isinstance(att, dict) else {}
         owner = att.get("manager")
+        if h.state is State.COMMITTING and isinstance(frame.get("by"), str):
+            # a commit is held by whoever wrote its committing frame (a taker, perhaps):
+            # evidence about the attempt's first owner says nothing about the holder
+            owner = frame["by"]
         if owner == ctx.actor:
             if h.state is State.CANCELLING and self.mine(h.key):
                 self.on_cancel_mine(h.key)
@@ -315,13 +322,27 @@ class RecoveryPass:
             if isinstance(owner, str):
                 self._unsettled.add(owner)
             return 0
+        owner_evidence = evidence
         same_host = att.get("host") == ctx.ws.host
         pid = att.get("pid")
         if h.state in (State.RUNNING, State.CANCELLING) and isinstance(pid, int):
             if same_host:
                 if process_alive(pid, att.get("start_time")) or group_alive(pid):
-                    # an orphan of a dead manager: stop it, take over once it is gone
+                    # an orphan of a dead manager: stop it, take over once it is gone;
+                    # the kill is ours and the takeover's evidence says so
                     signal_group(pid, 9)
+                    self._killed.setdefault(
+                        h.key,
+                        {
+                            "signal": 9,
+                            "by": ctx.actor,
+                            "pgid": pid,
+                            "at": round(time.time(), 3),
+                            "why": f"orphan of manager {owner} ({evidence})",
+                        },
+                    )
+                    if len(self._killed) > 10_000:
+                        self._killed.clear()
                     self._unsettled.add(str(owner))
                     return 0
                 evidence = "process_gone"
@@ -336,7 +357,12 @@ class RecoveryPass:
                     )
                     self._unsettled.add(str(owner))
                     return 0
-        proof = {"owner": owner, "evidence": evidence, "host": ctx.ws.host}
+        proof: dict[str, object] = {"owner": owner, "evidence": evidence, "host": ctx.ws.host}
+        if h.state in (State.RUNNING, State.CANCELLING) and same_host and isinstance(pid, int):
+            proof["owner_evidence"] = owner_evidence
+            killed = self._killed.pop(h.key, None)
+            if killed is not None:
+                proof["killed"] = killed
         if h.state is State.CLAIMED:
             body = carry(frame, why="released: owner gone", evidence=proof)
             body["try"] = max(0, int(frame.get("try", 1)) - 1)
@@ -352,12 +378,19 @@ class RecoveryPass:
             spec = load_spec(ctx.ws, h.placement, h.key)
             n = att.get("n")
             # the directory is derived from the attempt number, never taken from the frame
+            # a manager that died under its attempt (not one that said goodbye) counts
+            # towards the job's manager deaths: a job may be what kills its managers
+            died = proof["evidence"] != "stopped" and proof.get("owner_evidence") != "stopped"
             ending = (
                 self.committer.ending_from_dir(
-                    attempt_dir(ctx.ws, h.placement, h.key, n), None, None, interrupted=True
+                    attempt_dir(ctx.ws, h.placement, h.key, n),
+                    None,
+                    None,
+                    interrupted=True,
+                    owner_died=died,
                 )
                 if isinstance(n, int) and not isinstance(n, bool)
-                else Ending(None, None, interrupted=True)
+                else Ending(None, None, interrupted=True, owner_died=died)
             )
             self.committer.commit(h, spec, {**carry(frame), "attempt": att}, ending, proof)
         return 1
