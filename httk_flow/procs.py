@@ -41,6 +41,16 @@ def process_alive(pid: int, start_time: int | None) -> bool:
     return not start_time or st == start_time
 
 
+def this_process(pid: int, start_time: int | None) -> bool:
+    """Whether (pid, start time) names the calling process itself.
+
+    Several managers may share one process (tests, embedding): /proc cannot tell them apart,
+    so their liveness must come from their heartbeats."""
+    if pid != os.getpid():
+        return False
+    return not start_time or start_time == proc_start_time(pid)
+
+
 def group_members_alive(pgid: int) -> bool:
     """Whether a process of the group that has not exited remains (zombies do not count)."""
     try:

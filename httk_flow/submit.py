@@ -20,6 +20,7 @@ from httk_flow import names
 from httk_flow.crash import crash_point
 from httk_flow.errors import UsageError
 from httk_flow.fsio import fs, fsync_dir, write_file
+from httk_flow.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inputs
 from httk_flow.jobspec import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRIES,
@@ -60,6 +61,8 @@ class SubmitRequest:
     workdir: WorkdirMode = "persistent"
     require_outcome: bool = False
     inputs: list[str] = field(default_factory=list)
+    #: the most bytes the inputs may copy into the job (--input-max)
+    input_max: int = DEFAULT_INPUT_MAX
     array_index: int | None = None
     parent: ParentRef | None = None
     job_id: str | None = None
@@ -106,21 +109,8 @@ class Submitter:
             raise UsageError("retries must be >= 0 and max attempts >= 1", obj="--retries")
         if req.time is not None and not 0 < req.time < math.inf:
             raise UsageError("must be a positive number of seconds", obj="--time")
-        seen: set[str] = set()
-        for p in req.inputs:
-            if not os.path.exists(p):
-                raise UsageError("does not exist", obj=f"input {p!r}")
-            # every input lands in files/<its name>: two of one name would overwrite each other
-            base = os.path.basename(os.path.normpath(p))
-            if base in seen or base in ("", ".", ".."):
-                raise UsageError(
-                    f"would be copied to files/{base}, which another input already takes"
-                    if base in seen
-                    else "has no file name to copy it under",
-                    obj=f"input {p!r}",
-                    hint="rename it or put the inputs in one directory",
-                )
-            seen.add(base)
+        if req.inputs:
+            check_inputs(req.inputs, req.input_max)
         try:
             params = check_params(req.params)
         except Exception as e:  # _Bad carries the sentence
@@ -275,7 +265,7 @@ class Submitter:
             raw = self._raw.pop(spec.id, None) or spec.to_json()
             write_file(os.path.join(tmp, "job.json"), raw, durable=self.ws.policy.durable)
             if req.inputs:
-                _copy_inputs(req.inputs, os.path.join(tmp, "files"))
+                copy_inputs(req.inputs, os.path.join(tmp, "files"), req.input_max)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -332,13 +322,3 @@ def _submission_frame(s: JobSpec, actor: str) -> dict[str, object]:
         "try": 0,
         "tries": 0,
     }
-
-
-def _copy_inputs(inputs: list[str], dest: str) -> None:
-    os.mkdir(dest)
-    for src in inputs:
-        target = os.path.join(dest, os.path.basename(os.path.normpath(src)))
-        if os.path.isdir(src):
-            shutil.copytree(src, target, symlinks=True)
-        else:
-            shutil.copy2(src, target)

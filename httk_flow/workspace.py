@@ -21,6 +21,28 @@ FORMAT_NAME = "httk-flow"
 FORMAT_VERSION = 1
 FLOW_DIR = ".flow"
 
+#: the shortest lease accepted: file timestamps are as coarse as 1 s on some filesystems,
+#: and a heartbeat on a loaded shared filesystem can take a good part of a second
+MIN_LEASE = 1.0
+
+
+def lease_problem(seconds: float) -> str | None:
+    """Why `seconds` cannot be a manager lease, or None when it can."""
+    if not seconds >= MIN_LEASE:  # also refuses NaN
+        return (
+            f"a lease of {seconds:g} s is below the floor of {MIN_LEASE:g} s "
+            "(file timestamps and heartbeat writes are not finer than that)"
+        )
+    return None
+
+
+def check_lease(seconds: float, option: str = "--lease") -> float:
+    """`seconds` if it can be a lease; else a UsageError naming `option` and the floor."""
+    why = lease_problem(seconds)
+    if why is not None:
+        raise UsageError(why, obj=option, hint=f"pass {option} {MIN_LEASE:g}s or more")
+    return seconds
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -66,8 +88,15 @@ class Policy:
                 raise WorkspaceError(f"policy key {k} must be a {want.__name__}", obj=where)
             values[k] = v
         policy = cls(**values)
-        if policy.lease <= 0 or policy.segment_bytes < 4096:
-            raise WorkspaceError("policy has a non-positive lease or tiny segments", obj=where)
+        if policy.segment_bytes < 4096:
+            raise WorkspaceError("policy has tiny segments", obj=where)
+        why = lease_problem(policy.lease)
+        if why is not None:
+            raise WorkspaceError(
+                f"policy key lease: {why}",
+                obj=where,
+                hint=f"set the lease to {MIN_LEASE:g} or more",
+            )
         return policy
 
 
@@ -139,6 +168,8 @@ class Workspace:
     def create(
         cls, path: str, *, durable: bool = False, lease: float | None = None, exist_ok: bool = False
     ) -> Workspace:
+        if lease is not None:
+            check_lease(float(lease))
         root = os.path.abspath(path)
         flow = os.path.join(root, FLOW_DIR)
         if os.path.exists(os.path.join(flow, "format.json")):
@@ -148,8 +179,6 @@ class Workspace:
                 )
             return cls.open(root)
         policy = Policy(durable=durable, lease=float(lease) if lease is not None else Policy.lease)
-        if policy.lease <= 0:
-            raise UsageError("the lease must be a positive number of seconds", obj="--lease")
         fmt = WorkspaceFormat(workspace_id=new_id(), created=time.time(), policy=policy)
         os.makedirs(flow, exist_ok=True)
         for sub in ("tmp", "programs", "managers", "requests", "journal", "allocations"):

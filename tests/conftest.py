@@ -4,6 +4,7 @@ or the path of one with short retry backoffs), programs, and managers reaped at 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,35 @@ settings.register_profile(
 )
 settings.register_profile("ci", deadline=None, max_examples=600)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def _slurm_unavailable() -> str | None:
+    """Why the local Slurm cannot be started here (None: it can, or CI must)."""
+    if os.environ.get("CI"):
+        return None  # CI starts the cluster: a Slurm test that cannot run fails there
+    if os.geteuid() != 0:
+        return "starting the local Slurm needs root"
+    if not (shutil.which("slurmctld") or shutil.which("apt-get")):
+        return "the local Slurm needs Debian's slurm-wlm (apt-get not found)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    why = _slurm_unavailable()
+    if why is None:
+        return
+    slurm = [i for i in items if i.get_closest_marker("slurm") is not None]
+    if not slurm:
+        return
+    items[:] = [i for i in items if i.get_closest_marker("slurm") is None]
+    config.hook.pytest_deselected(items=slurm)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    line = (
+        f"deselected {len(slurm)} Slurm test(s): {why}; run them as root on Debian "
+        "(`sudo python3 -m pytest -m slurm`, which starts tests/slurm/cluster), or `bash .ci/run`"
+    )
+    if reporter is not None:
+        reporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
 
 from httk_flow.names import Marker, RecordRef, new_id
 from httk_flow.states import State
@@ -56,3 +61,42 @@ def markers_in(ws: Workspace, state: State) -> list[str]:
     for d, _, files in os.walk(root):
         out.extend(os.path.relpath(os.path.join(d, f), root) for f in files)
     return out
+
+
+@contextlib.contextmanager
+def small_tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs of our own at `mnt` (root may mount one), unmounted afterwards. Where none
+    can be mounted the test is skipped, except in CI, where it fails: CI runs as root."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+        )
+        why = (r.stderr.strip() or f"exit status {r.returncode}") if r.returncode else ""
+    except OSError as e:
+        why = str(e)
+    if why:
+        message = f"cannot mount a tmpfs here ({why})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill_disk(directory: Path, block: int = 65536) -> Path:
+    """Take every free block of the filesystem into one file, which is returned."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for size in (block, 512):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+    return filler

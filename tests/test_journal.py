@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import orjson
 import pytest
 
-from httk_flow.errors import CorruptRecord
+from httk_flow.errors import CorruptRecord, FlowError
 from httk_flow.journal import JournalReader, JournalWriter, iter_segment, segment_name
 from httk_flow.names import RecordRef
 
@@ -188,3 +189,221 @@ def test_a_frame_that_cannot_be_encoded_writes_nothing(journal: str) -> None:
         {"i": 0},
         {"i": 1},
     ]
+
+
+# -- another process appending to our segment -----------------------------------------------
+
+
+def _segment(journal: str, w: JournalWriter, n: int = 0) -> str:
+    return os.path.join(journal, w.writer_id, segment_name(n))
+
+
+def _foreign(path: str, data: bytes) -> int:
+    """Append `data` as another process would (`echo >> segment`); returns where it went."""
+    with open(path, "ab") as fh:
+        offset = fh.tell()
+        fh.write(data)
+    return offset
+
+
+def _our_lines(path: str) -> dict[int, dict[str, object]]:
+    """offset -> frame of every line of the segment that parses as one."""
+    return {off: f for off, f in iter_segment(path) if f is not None}
+
+
+def test_a_foreign_line_between_appends_shifts_no_later_ref(journal: str) -> None:
+    w = _writer(journal)
+    refs = w.append_many([{"i": 0}, {"i": 1}])
+    stray = _foreign(_segment(journal, w), b"a stray line from someone's echo\n")
+    refs += w.append_many([{"i": 2}, {"i": 3}])
+    refs.append(w.append({"i": 4}))
+    r = JournalReader(journal)
+    assert [r.read(ref)["i"] for ref in refs] == [0, 1, 2, 3, 4]
+    assert stray not in {ref.offset for ref in refs}
+    lines = list(iter_segment(_segment(journal, w)))
+    assert (stray, None) in lines
+    assert _our_lines(_segment(journal, w)) == {ref.offset: {"i": i} for i, ref in enumerate(refs)}
+
+
+def test_a_foreign_torn_line_never_glues_itself_to_our_next_frame(journal: str) -> None:
+    w = _writer(journal)
+    first = w.append({"i": 0})
+    torn = _foreign(_segment(journal, w), b'{"half of a line without its newline')
+    refs = [first, *w.append_many([{"i": 1}, {"i": 2}]), w.append({"i": 3})]
+    r = JournalReader(journal)
+    assert [r.read(ref)["i"] for ref in refs] == [0, 1, 2, 3]
+    path = _segment(journal, w)
+    data = Path(path).read_bytes()
+    for ref in refs:
+        # every frame starts a line of its own: a scan of the segment sees it too
+        assert ref.offset == 0 or data[ref.offset - 1 : ref.offset] == b"\n"
+    # (the copy that was glued to the torn bytes stays, unreferenced: invisible)
+    assert {ref.offset: {"i": i} for i, ref in enumerate(refs)}.items() <= _our_lines(path).items()
+    # the torn bytes, with the copy glued to them, are one line that is no frame
+    assert (torn, None) in list(iter_segment(path))
+    assert all(ref.offset > torn for ref in refs[1:])
+
+
+class _Racer:
+    """Another process that appends `what` to the segment right after each of our writes
+    (between our write and our look at the file's size), `times` times."""
+
+    def __init__(self, path: str, what: bytes, times: int = 1) -> None:
+        self.path, self.what, self.left = path, what, times
+        self.at: list[int] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, fd_of: JournalWriter) -> None:
+        real = os.write
+
+        def write(fd: int, data: bytes | memoryview) -> int:
+            n = real(fd, data)
+            if fd == fd_of._fd and self.left > 0:
+                self.left -= 1
+                self.at.append(_foreign(self.path, self.what))
+            return n
+
+        monkeypatch.setattr(os, "write", write)
+
+
+@pytest.mark.parametrize(
+    "what", [b"a stray line\n", b"torn, no newline"], ids=["line", "torn line"]
+)
+def test_a_foreign_append_racing_ours_is_found_out_and_never_named(
+    journal: str, monkeypatch: pytest.MonkeyPatch, what: bytes
+) -> None:
+    w = _writer(journal)
+    refs = [w.append({"i": 0})]
+    racer = _Racer(_segment(journal, w), what, times=3)
+    racer.install(monkeypatch, w)
+    for i in range(1, 6):
+        refs.append(w.append({"i": i, "pad": "r" * i}))
+    assert len(racer.at) == 3
+    r = JournalReader(journal)
+    assert [r.read(ref)["i"] for ref in refs] == list(range(6))
+    assert not {ref.offset for ref in refs} & set(racer.at)
+    assert {ref.segment for ref in refs} == {0}
+    assert set(_our_lines(_segment(journal, w))) >= {ref.offset for ref in refs}
+
+
+def test_a_short_write_split_by_a_foreign_line_is_never_named(
+    journal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = _writer(journal)
+    first = w.append({"i": 0})
+    path = _segment(journal, w)
+    real = os.write
+    split = [True]
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if fd != w._fd or not split[0]:
+            return real(fd, data)
+        split[0] = False
+        n = real(fd, bytes(data[:4]))  # a short write (a signal, a nearly full disk)...
+        _foreign(path, b"a foreign line in the gap\n")  # ...and someone appends in the gap
+        return n
+
+    monkeypatch.setattr(os, "write", write)
+    ref = w.append({"i": 1, "pad": "s" * 50})
+    r = JournalReader(journal)
+    assert (r.read(first)["i"], r.read(ref)["i"]) == (0, 1)
+    data = Path(path).read_bytes()
+    assert data[ref.offset - 1 : ref.offset] == b"\n"
+    assert data.index(b"a foreign line in the gap") < ref.offset
+
+
+def test_a_writer_whose_segment_is_written_without_pause_moves_to_a_fresh_one(
+    journal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = _writer(journal)
+    w.append({"i": 0})
+    # before and after every write of ours: where our bytes went cannot be told from sizes
+    real = os.write
+    path = _segment(journal, w)
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if fd == w._fd and os.fstat(fd).st_ino == os.stat(path).st_ino:
+            _foreign(path, b"x")
+            n = real(fd, data)
+            _foreign(path, b"y\n")
+            return n
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    ref = w.append({"i": 1})
+    assert ref.segment > 0
+    assert JournalReader(journal).read(ref) == {"i": 1}
+
+
+def test_a_segment_someone_else_made_in_our_directory_is_skipped(journal: str) -> None:
+    w = _writer(journal, segment_bytes=100)
+    first = w.append({"i": 0, "pad": "s" * 120})
+    planted = _segment(journal, w, 1)
+    Path(planted).write_bytes(b'{"not": "ours", "and torn')
+    second = w.append({"i": 1})
+    assert (first.segment, second.segment) == (0, 2)
+    assert Path(planted).read_bytes() == b'{"not": "ours", "and torn'
+    r = JournalReader(journal)
+    assert (r.read(first)["i"], r.read(second)["i"]) == (0, 1)
+
+
+class _FullDisk:
+    """The next write of `w` stores only `keep` bytes (a short write), and the write of the
+    rest fails as on a full disk; `before` and `after` are appended by another process just
+    ahead of our write and just after its short part."""
+
+    def __init__(self, w: JournalWriter, path: str, keep: int, before: bytes, after: bytes):
+        self.w, self.path, self.keep = w, path, keep
+        self.before, self.after = before, after
+        self.calls = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        real = os.write
+
+        def write(fd: int, data: bytes | memoryview) -> int:
+            if fd != self.w._fd or self.calls >= 2:
+                return real(fd, data)
+            self.calls += 1
+            if self.calls == 1:
+                _foreign(self.path, self.before)
+                n = real(fd, bytes(data[: self.keep]))
+                _foreign(self.path, self.after)
+                return n
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", write)
+
+
+def test_a_failed_append_cuts_only_its_own_bytes_never_a_foreign_line(
+    journal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = _writer(journal)
+    ok = w.append({"i": 0})
+    path = _segment(journal, w)
+    _FullDisk(w, path, keep=7, before=b"a foreign line\n", after=b"").install(monkeypatch)
+    with pytest.raises(FlowError, match="disk is full"):
+        w.append({"i": 1, "pad": "f" * 100})
+    # our 7 bytes are gone; the foreign line before them (past our last frame) is not
+    assert Path(path).read_bytes() == b'{"i":0}\na foreign line\n'
+    after = w.append({"i": 2})
+    r = JournalReader(journal)
+    assert (r.read(ok), r.read(after)) == ({"i": 0}, {"i": 2})
+    assert after.segment == 0
+    assert Path(path).read_bytes() == b'{"i":0}\na foreign line\n{"i":2}\n'
+
+
+def test_a_failed_append_that_cannot_be_cut_alone_is_left_behind_a_fresh_segment(
+    journal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = _writer(journal)
+    ok = w.append({"i": 0})
+    path = _segment(journal, w)
+    behind = b"a foreign line after our half frame\n"
+    _FullDisk(w, path, keep=5, before=b"", after=behind).install(monkeypatch)
+    with pytest.raises(FlowError, match="disk is full"):
+        w.append({"i": 1, "pad": "g" * 100})
+    # cutting our 5 bytes would cut the line behind them too: both stay, named by no ref
+    assert Path(path).read_bytes() == b'{"i":0}\n{"i":' + behind
+    after = w.append({"i": 2})
+    assert after.segment == 1, "appended behind a half frame it could not take back"
+    r = JournalReader(journal)
+    assert (r.read(ok), r.read(after)) == ({"i": 0}, {"i": 2})

@@ -7,15 +7,7 @@ import click
 from httk_flow.cli.app import App
 from httk_flow.fsck import Fsck
 from httk_flow.gc import collect
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+from httk_flow.inputs import human_size
 
 
 def register(cli: click.Group) -> None:
@@ -36,10 +28,17 @@ def register(cli: click.Group) -> None:
                     "markers": r.markers,
                     "payloads": r.payloads,
                     "segments": r.segments,
+                    "read_only": r.read_only is not None,
+                    **({"read_only_reason": r.read_only} if r.read_only is not None else {}),
                     "problems": [p.to_json() for p in r.problems],
                 }
             )
         else:
+            if r.read_only is not None:
+                app.echo(
+                    f"read-only: {r.lock} cannot be created ({r.read_only}); "
+                    "checking without repairs"
+                )
             app.echo(
                 f"checked {r.markers} markers, {r.payloads} payloads, {r.segments} journal segments"
             )
@@ -48,7 +47,7 @@ def register(cli: click.Group) -> None:
                 app.echo(f"{mark}: {p.kind}: {p.obj}: {p.message}")
             if not r.problems:
                 app.echo("clean")
-            elif not r.clean and not repair:
+            elif r.fixable and not repair and r.read_only is None:
                 app.echo("run `flow fsck --repair` to fix what is safe to fix")
         raise SystemExit(0 if r.clean else 1)
 
@@ -72,8 +71,8 @@ def register(cli: click.Group) -> None:
             return
         verb = "would collect" if dry_run else "collected"
         for i in r.items:
-            app.echo(f"{verb}: {i.kind} {i.path} ({_human(i.bytes)})")
+            app.echo(f"{verb}: {i.kind} {i.path} ({human_size(i.bytes)})")
         app.echo(
-            f"{verb} {len(r.items)} item(s), {_human(r.bytes)}; "
+            f"{verb} {len(r.items)} item(s), {human_size(r.bytes)}; "
             f"kept {r.kept_segments} journal segment(s)"
         )

@@ -15,7 +15,9 @@ def register(cli: click.Group) -> None:
     @cli.command("init")
     @click.argument("path", default=".", type=click.Path(file_okay=False))
     @click.option("--durable/--no-durable", default=False, help="fsync every publish (slower).")
-    @click.option("--lease", default=None, help="Manager lease, e.g. 30s or 2m (default 30s).")
+    @click.option(
+        "--lease", default=None, help="Manager lease, e.g. 30s or 2m (default 30s, at least 1s)."
+    )
     @click.option("--exist-ok", is_flag=True, help="Accept an existing workspace.")
     @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
     @workspace_option

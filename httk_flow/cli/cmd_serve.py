@@ -15,6 +15,7 @@ from httk_flow.errors import UsageError
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
 from httk_flow.names import check_label, check_placement
+from httk_flow.workspace import check_lease
 
 #: the batch script may export when its allocation ends (unix seconds)
 ALLOCATION_END_ENV = "FLOW_ALLOCATION_END"
@@ -33,7 +34,7 @@ def _options(f: Any) -> Any:
             ),
             click.option("--pool", "pools", multiple=True, help="Serve this pool (repeatable)."),
             click.option("--capability", "caps", multiple=True, help="Offer a capability."),
-            click.option("--lease", default=None, help="Heartbeat lease, e.g. 30s."),
+            click.option("--lease", default=None, help="Heartbeat lease, e.g. 30s (at least 1s)."),
             click.option(
                 "--placement",
                 "placements",
@@ -100,7 +101,7 @@ def _config(
         pools=tuple(pools),
         capabilities=tuple(caps),
         placements=tuple(check_placement(p) for p in placements),
-        lease=parse_duration(lease, "--lease") if lease else None,
+        lease=check_lease(parse_duration(lease, "--lease")) if lease else None,
         exit_when_idle=exit_when_idle,
         ends_at=min(ends) if ends else None,
         log_format="json" if log_format == "json" else "text",

@@ -13,6 +13,7 @@ from httk_flow.bulk import array_requests, jsonl_requests, parse_array
 from httk_flow.cli.app import App
 from httk_flow.durations import parse_duration
 from httk_flow.errors import UsageError
+from httk_flow.inputs import DEFAULT_INPUT_MAX, parse_size
 from httk_flow.jobspec import DEFAULT_RETRIES
 from httk_flow.names import DEFAULT_PRIORITY
 from httk_flow.submit import SubmitRequest, Submitter
@@ -38,8 +39,16 @@ def register(cli: click.Group) -> None:
         "--input",
         "inputs",
         multiple=True,
-        type=click.Path(exists=True),
-        help="Copied into the job's files/ (repeatable).",
+        # existence, type and size are checked with the job, so the message names the input
+        type=click.Path(),
+        help="A regular file or directory copied into the job's files/ (repeatable).",
+    )
+    @click.option(
+        "--input-max",
+        "input_max",
+        default=None,
+        metavar="SIZE",
+        help="Most the inputs of one job may total, e.g. 500M, 8G (default 1G).",
     )
     @click.option(
         "--priority",
@@ -98,6 +107,7 @@ def register(cli: click.Group) -> None:
         time_: str | None,
         array: str | None,
         from_file: str | None,
+        input_max: str | None,
         as_json: bool,
         **opts: Any,
     ) -> None:
@@ -111,6 +121,7 @@ def register(cli: click.Group) -> None:
             args=list(args),
             params=_params(params),
             inputs=list(inputs),
+            input_max=parse_size(input_max) if input_max is not None else DEFAULT_INPUT_MAX,
             requires=list(requires),
             time=parse_duration(time_, "--time") if time_ else None,
             **opts,

@@ -66,6 +66,7 @@ class Committer:
             out = read_outcome(attempt_dir)
         except InvalidOutcome as e:
             return Ending(exit_code, sig, None, e.render())
+        self.heartbeat()  # a fan-out's children file can take a while to parse
         return Ending(
             exit_code,
             sig,
@@ -174,10 +175,12 @@ class Committer:
                 if isinstance(n, int) and not isinstance(n, bool)
                 else None
             )
+            self.heartbeat()
             try:
                 out = read_outcome(adir) if adir else None
             except InvalidOutcome:
                 out = None
+            self.heartbeat()
             decision = Decision(
                 decision.target,
                 decision.why,
@@ -240,6 +243,7 @@ class Committer:
         placement = child_placement(spec.placement, spec.key)
         job_dir = self.ws.job_dir(spec.placement, spec.key)
         reqs = []
+        self.heartbeat()
         for c in children:
             program = spec.program if c.program is None else _child_program(job_dir, c.program)
             reqs.append(
@@ -262,7 +266,11 @@ class Committer:
                 )
             )
         # every child is validated before the first is published: all or nothing
-        specs = [self._submitter.build(r) for r in reqs]
+        specs = []
+        for i, r in enumerate(reqs):
+            if i % 256 == 0:
+                self.heartbeat()  # cheap unless due: a lease outlives any registration
+            specs.append(self._submitter.build(r))
         self.heartbeat()
         for _ in self._submitter.publish(
             zip(specs, reqs, strict=True), idempotent=True, progress=lambda _n: self.heartbeat()

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from httk_flow.workspace import check_lease
+
 
 @dataclass(frozen=True)
 class ManagerConfig:
@@ -30,3 +32,8 @@ class ManagerConfig:
     log_format: Literal["text", "json"] = "text"
     #: print one line per transition
     verbose: bool = True
+
+    def __post_init__(self) -> None:
+        # every way of building a manager meets the floor, not only the command line
+        if self.lease is not None:
+            check_lease(self.lease)

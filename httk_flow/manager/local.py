@@ -336,13 +336,22 @@ class LocalAttempts:
         return done
 
     def check_fenced(self) -> None:
-        """Stop attempts whose running marker was moved away (a cancel fenced them)."""
+        """Stop attempts whose running marker was moved away: a cancel fenced them, or
+        another manager took the job over while we were frozen or cut off (its outcome
+        would be ignored: the work is wasted, and may get in the new attempt's way)."""
         for key, la in list(self.by_key.items()):
             if la.term_at is not None or os.path.lexists(la.job.path(self.ws)):
                 continue
             now = locate_key(self.ws, la.job.placement, key)
-            if now is not None and now.state is State.CANCELLING:
+            if now is None or now.marker == la.job.marker:
+                continue  # moving or vanished: look again next tick
+            if now.state is State.CANCELLING:
                 self.stop(key, interrupted=False)
+            else:
+                self.log.problem(
+                    key, f"taken over while it ran here (now {now.state.value}); stopped"
+                )
+                self.stop(key, interrupted=True)
 
     def stop(self, key: str, *, interrupted: bool) -> bool:
         """TERM an attempt's process group (KILL follows after the grace in reap)."""

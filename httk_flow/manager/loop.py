@@ -15,8 +15,8 @@ from types import FrameType
 
 from httk_flow.children import child_states
 from httk_flow.discovery import any_marker, walk_all
-from httk_flow.errors import FlowError
-from httk_flow.leases import ManagerInfo, mark_stopped, write_heartbeat
+from httk_flow.errors import FlowError, UsageError
+from httk_flow.leases import FsClock, ManagerInfo, heartbeat_path, mark_stopped, write_heartbeat
 from httk_flow.maintenance import read_lock
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
@@ -44,17 +44,32 @@ class TickResult:
 
 class Manager:
     def __init__(
-        self, ws: Workspace, config: ManagerConfig, *, clock: Callable[[], float] = time.time
+        self,
+        ws: Workspace,
+        config: ManagerConfig,
+        *,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.ws = ws
         self.config = config
-        self.clock = clock
+        #: this host's clock: walltime ends and kill graces are measured in it
+        self.clock = clock or time.time
         self.id = "m" + to36(secrets.randbits(48))
         self.lease = config.lease or ws.policy.lease
         self.log = ManagerLog(self.id, config.log_format, enabled=config.verbose)
-        self.started = clock()
+        self.started = self.clock()
         self._start_time = proc_start_time(os.getpid()) or 0
         self._last_beat = -1e18
+        self._seq = 0
+        #: why the last heartbeat could not be written (None: it was)
+        self._beat_failed: str | None = None
+        self.fs_clock = FsClock(ws)
+        # not-before times are written into markers and compared by every manager: in the
+        # shared filesystem's clock, unless a test brings its own
+        shared: Callable[[], float] = self.fs_clock.now if clock is None else clock
+        ends_at = config.ends_at
+        if clock is None and ends_at is not None:
+            ends_at -= self.fs_clock.skew  # the claim pass compares it with the shared clock
         self.draining = False
         self._drain_started = 0.0
         self._signals: list[float] = []
@@ -64,15 +79,23 @@ class Manager:
         self._lock_checked = -1e18
         self._idle_marks = (0, 0, 0)
         self._locked = False
-        ctx = PassContext(ws, self.id, self.log, config.placements, self.heartbeat, clock)
+        ctx = PassContext(ws, self.id, self.log, config.placements, self.heartbeat, shared)
         self.ctx = ctx
         self.inbox = RequestInbox(ws, self.id, self.log, lease_factor=ws.policy.takeover_factor)
-        self.committer = Committer(ws, self.id, self.log, clock, self.inbox)
-        self.oracle = OwnerOracle(ws, self.id, refresh=max(0.5, self.lease / 4))
-        self.local = LocalAttempts(
-            ws, self.id, self.log, self.committer, kill_grace=config.kill_grace, clock=clock
+        self.committer = Committer(ws, self.id, self.log, shared, self.inbox)
+        self.committer.heartbeat = self.heartbeat
+        self.oracle = OwnerOracle(
+            ws,
+            self.id,
+            refresh=max(0.5, self.lease / 4),
+            lease=self.lease,
+            fs_clock=self.fs_clock,
+            log=self.log,
         )
-        self.claim = ClaimPass(ctx, config.pools, config.capabilities, config.ends_at)
+        self.local = LocalAttempts(
+            ws, self.id, self.log, self.committer, kill_grace=config.kill_grace, clock=self.clock
+        )
+        self.claim = ClaimPass(ctx, config.pools, config.capabilities, ends_at)
         self.register = RegisterPass(ctx, on_ready=self.claim.offer)
         self.joins = JoinPass(ctx, on_ready=self.claim.offer)
         self.recovery = RecoveryPass(
@@ -107,14 +130,50 @@ class Manager:
             lease=self.lease,
             start_time=self._start_time,
             allocation=os.environ.get("FLOW_ALLOCATION_TOKEN", ""),
+            seq=self._seq,
         )
 
     def heartbeat(self, force: bool = False) -> None:
-        """Rewrite heartbeat.json when a third of the lease has passed (also mid-scan)."""
+        """Rewrite heartbeat.json when a third of the lease has passed (also mid-scan and
+        from long commits: one clock read when it is not due, and it never raises)."""
         now = time.monotonic()
         if force or now - self._last_beat >= self.lease / 3:
-            write_heartbeat(self.ws, self.info())
             self._last_beat = now
+            self._seq += 1
+            try:
+                write_heartbeat(self.ws, self.info())
+            except OSError as e:
+                if self._beat_failed is None:
+                    self.log.problem("heartbeat", f"cannot be written ({e.strerror}); retrying")
+                self._beat_failed = e.strerror or str(e)
+                # try again soon rather than a third of a lease later
+                self._last_beat = now - self.lease / 3 + min(1.0, self.lease / 6)
+                return
+            if self._beat_failed is not None:
+                self._beat_failed = None
+                self.log.info("heartbeat: written again")
+
+    def _first_heartbeat(self) -> None:
+        """Refuse a lease the heartbeat cannot keep up with on this filesystem."""
+        took = 0.0
+        for _ in range(3):  # the fastest of three: one scheduling hiccup is not the disk
+            t0 = time.monotonic()
+            self.heartbeat(force=True)
+            took = time.monotonic() - t0
+            if self._beat_failed is not None:
+                raise FlowError(
+                    f"cannot write the heartbeat ({self._beat_failed})",
+                    obj=heartbeat_path(self.ws, self.id),
+                )
+            if took <= self.lease / 6:
+                return
+        mark_stopped(self.ws, self.id)
+        raise UsageError(
+            f"a heartbeat took {took:.2f} s to write, more than a sixth of the "
+            f"{self.lease:g} s lease: other managers would take this one for dead",
+            obj=heartbeat_path(self.ws, self.id),
+            hint="raise --lease (or the workspace's lease, `flow init --lease`)",
+        )
 
     # -- the tick ----------------------------------------------------------------
 
@@ -128,6 +187,9 @@ class Manager:
     def tick(self) -> TickResult:
         budget = self.config.scan_budget
         self.heartbeat()
+        # heartbeats are watched every tick, not only when recovery asks: observed silence
+        # counts only while this manager is looking (see OwnerOracle._read)
+        self.oracle.managers()
         self.inbox.reoffer()
         self.inbox.refresh()
         self.local.check_fenced()
@@ -222,6 +284,7 @@ class Manager:
 
     def run(self, install_signals: bool = True) -> int:
         """Serve until drained or idle; returns the exit status for `flow run`."""
+        self._first_heartbeat()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -230,7 +293,6 @@ class Manager:
             signal.set_wakeup_fd(wake_w)
             for s in (signal.SIGTERM, signal.SIGINT):
                 old.append((s, signal.signal(s, self._on_signal)))
-        self.heartbeat(force=True)
         self.log.info(
             f"manager {self.id} serving {self.ws.root} with {self.config.workers} worker(s)"
         )
@@ -279,7 +341,7 @@ class Manager:
                 f"{self.failed_jobs} failed"
             )
         # a second signal abandons work to the leases: not a clean exit
-        return 1 if self.failed_jobs or self._stop_now else 0
+        return 1 if self.failed_jobs or self.recovery.failed or self._stop_now else 0
 
     def _wait_leftovers(self) -> None:
         """Before exiting, give what ended attempts left behind its grace, then KILL it."""

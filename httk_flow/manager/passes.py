@@ -276,6 +276,15 @@ class RecoveryPass:
         self._next_sweep = 0.0
         #: orphaned attempts we killed, by job key: named in the takeover's evidence
         self._killed: dict[str, dict[str, object]] = {}
+        #: jobs this pass's takeovers committed to failed / succeeded (for `flow run`)
+        self.failed = 0
+        self.succeeded = 0
+
+    def _count(self, final: JobHandle) -> None:
+        if final.state is State.FAILED:
+            self.failed += 1
+        elif final.state is State.SUCCEEDED:
+            self.succeeded += 1
 
     def run(self, budget: int) -> int:
         """Sweep the active kinds while some manager is not alive (and every
@@ -373,7 +382,7 @@ class RecoveryPass:
             transition(ctx.ws, h, State.CANCELLED, body, actor=ctx.actor)
             ctx.log.transition(h.key, "cancelling", "cancelled", f"owner {owner} {evidence}")
         elif h.state is State.COMMITTING:
-            self.committer.resume(h, frame, evidence=proof)
+            self._count(self.committer.resume(h, frame, evidence=proof))
         elif h.state is State.RUNNING:
             spec = load_spec(ctx.ws, h.placement, h.key)
             n = att.get("n")
@@ -392,7 +401,9 @@ class RecoveryPass:
                 if isinstance(n, int) and not isinstance(n, bool)
                 else Ending(None, None, interrupted=True, owner_died=died)
             )
-            self.committer.commit(h, spec, {**carry(frame), "attempt": att}, ending, proof)
+            self._count(
+                self.committer.commit(h, spec, {**carry(frame), "attempt": att}, ending, proof)
+            )
         return 1
 
     def _workdir(self, h: JobHandle) -> str:

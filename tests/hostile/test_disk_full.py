@@ -5,7 +5,6 @@ tmpfs can be mounted, RLIMIT_FSIZE in a child process makes the same short write
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from helpers import fill_disk, small_tmpfs
 
 from httk_flow.errors import FlowError
 from httk_flow.journal import JournalReader, JournalWriter, iter_segment
@@ -31,32 +31,8 @@ PAD = "x" * 3000  # frames this large cross a page boundary within a few appends
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); see the rlimit test")
-    try:
+    with small_tmpfs(tmp_path / "tmpfs", "size=256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _fill(directory: Path) -> Path:
-    """Take every free block of the filesystem; returns the file that holds them."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(fd, b"\0" * 4096)
-    finally:
-        os.close(fd)
-    return filler
 
 
 def _whole_frames(segment: str) -> list[dict[str, object]]:
@@ -84,7 +60,7 @@ def test_a_full_disk_fails_the_append_and_leaves_no_half_frame(
     writer = JournalWriter(str(small_disk / "journal"), durable=False, segment_bytes=1 << 30)
     os.makedirs(small_disk / "journal")
     refs = [writer.append({"n": i, "pad": PAD}) for i in range(3)]
-    filler = _fill(small_disk)
+    filler = fill_disk(small_disk, 4096)
     with pytest.raises(FlowError) as caught:
         for i in range(3, 200):
             refs.append(writer.append({"n": i, "pad": PAD}))
@@ -116,7 +92,7 @@ def test_a_transition_that_cannot_be_journaled_leaves_its_marker_alone(
     try:
         specs = list(Submitter(ws).submit([SubmitRequest(program=str(prog)) for _ in range(3)]))
         before = {h.key: h for h in handles(ws.root)}
-        filler = _fill(small_disk)
+        filler = fill_disk(small_disk, 4096)
         moved, failures = 0, 0
         for h in before.values():
             try:

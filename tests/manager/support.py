@@ -400,3 +400,167 @@ def dump(root: str, ids: Sequence[str] = ()) -> str:
                 f"act={f.get('act')} try={f.get('try')} why={f.get('why')} by={f.get('by')}"
             )
     return "\n".join(lines)
+
+
+# -- scenes with several managers: short leases, marker watches, fsck ---------------------
+
+
+def leased_workspace(
+    path: Path, lease: str = "1s", *, backoff_base: float = 0.2, backoff_cap: float = 2.0
+) -> str:
+    """`flow init --lease LEASE PATH` run for real, then make_workspace's short retry backoff."""
+    r = flow("init", str(path), "--lease", lease, "--json")
+    assert r.returncode == 0, r.stderr
+    root = str(orjson.loads(r.stdout)["workspace"])
+    fmt_path = Path(root) / ".flow" / "format.json"
+    fmt = orjson.loads(fmt_path.read_bytes())
+    fmt["policy"].update(backoff_base=backoff_base, backoff_cap=backoff_cap)
+    fmt_path.write_bytes(orjson.dumps(fmt, option=orjson.OPT_INDENT_2))
+    return root
+
+
+def manager_ids(root: str) -> dict[int, str]:
+    """pid -> manager id, from every heartbeat written so far."""
+    out: dict[int, str] = {}
+    for path in (Path(root) / ".flow" / "managers").glob("*/heartbeat.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            beat = orjson.loads(path.read_bytes())
+            out[int(beat["pid"])] = str(beat["id"])
+    return out
+
+
+def manager_up(root: str, p: ManagerProcess, timeout: float = 30.0) -> str:
+    """Wait for the manager process `p` to heartbeat; returns its manager id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        mid = manager_ids(root).get(p.pid)
+        if mid is not None:
+            return mid
+        if p.poll() is not None:
+            raise AssertionError(f"manager exited with {p.returncode}:\n{log_of(p)}")
+        time.sleep(0.02)
+    raise AssertionError(f"manager {p.pid} wrote no heartbeat within {timeout} s")
+
+
+def markers_at(root: str, placement: str) -> dict[str, list[str]]:
+    """Marker paths per job key, over every state kind of one placement (not below it)."""
+    out: dict[str, list[str]] = {}
+    base = Path(root) / ".flow" / "state"
+    for st in State:
+        d = base / st.value / placement
+        try:
+            names = [e.name for e in os.scandir(d) if e.is_file(follow_symlinks=False)]
+        except OSError:
+            continue
+        for n in names:
+            out.setdefault(n.split(".p", 1)[0], []).append(str(d / n))
+    return out
+
+
+def locate(root: str, placement: str, key: str) -> tuple[State, str] | None:
+    """(state, marker name) of one job, found by listing each state kind of its placement."""
+    base = Path(root) / ".flow" / "state"
+    for st in State:
+        with contextlib.suppress(OSError):
+            for e in os.scandir(base / st.value / placement):
+                if e.name.startswith(key + ".p"):
+                    return st, e.name
+    return None
+
+
+def frame_named(root: str, marker_name: str) -> Frame:
+    """The journal frame a marker name refers to."""
+    from httk_flow.names import Marker
+
+    ws = Workspace.open(root)
+    try:
+        return ws.reader.read(Marker.from_name(marker_name).ref)
+    finally:
+        ws.close()
+
+
+class MarkerWatch:
+    """While entered, a thread lists the markers of one placement over and over: every job
+    there must have exactly one marker at every look.
+
+    A listing is not atomic: a marker renamed from one state kind to another while the
+    kinds are listed one after the other may be seen twice. A key listed twice therefore
+    counts as duplicated only when its files all still exist once the listing is done (a
+    marker that moved on leaves no file behind under its old name).
+    """
+
+    def __init__(self, root: str, placement: str, interval: float = 0.05) -> None:
+        self.root = root
+        self.placement = placement
+        self.interval = interval
+        self.duplicates: dict[str, list[str]] = {}
+        self.looks = 0
+        self.most = 0  # the most keys seen in one look
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def look(self) -> int:
+        seen = markers_at(self.root, self.placement)
+        for key, paths in seen.items():
+            if len(paths) > 1 and all(os.path.exists(p) for p in paths):
+                self.duplicates.setdefault(key, paths)
+        self.looks += 1
+        self.most = max(self.most, len(seen))
+        return len(seen)
+
+    def __enter__(self) -> MarkerWatch:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="marker-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.look()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.look()
+
+
+def takeovers(frames: Sequence[Frame]) -> list[tuple[Frame, Frame]]:
+    """(the committing frame before, the takeover frame) of each committing -> committing."""
+    import itertools
+
+    return [
+        (before, f)
+        for before, f in itertools.pairwise(frames)
+        if f.get("from") == State.COMMITTING.value and f.get("to") == State.COMMITTING.value
+    ]
+
+
+def fsck_report(root: str) -> dict[str, Any]:
+    """`flow fsck --json`, parsed; the exit status is checked against `clean`."""
+    r = flow("fsck", "-w", root, "--json")
+    report: dict[str, Any] = orjson.loads(r.stdout)
+    assert r.returncode == (0 if report["clean"] else 1), r.stderr
+    return report
+
+
+def attempt_dirs(job_dir: Path) -> list[str]:
+    """The attempt directory names of one job, sorted (a0001, a0002, ...)."""
+    try:
+        return sorted(e.name for e in os.scandir(job_dir / "attempts"))
+    except FileNotFoundError:
+        return []
+
+
+def write_program(directory: Path, name: str, text: str) -> str:
+    """An executable file holding `text` exactly (a program using the bash API, say)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+def whole_log(p: ManagerProcess) -> str:
+    """All of a manager's output (log_of keeps only its tail)."""
+    return p.log.read_text(errors="replace") if p.log else ""

@@ -15,10 +15,12 @@ from httk_flow.allocations import AllocationStore
 from httk_flow.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
-#: where the cluster scripts live: in shared/ beside the repository (as CI lays it out),
-#: or where LOCAL_SLURM_SCRIPTS says
+#: where the cluster scripts live: beside this file (the project carries them), or where
+#: LOCAL_SLURM_SCRIPTS says
 SCRIPT_DIRS = tuple(
-    Path(p) for p in (os.environ.get("LOCAL_SLURM_SCRIPTS"), REPO.parent / "shared" / "slurm") if p
+    Path(p)
+    for p in (os.environ.get("LOCAL_SLURM_SCRIPTS"), Path(__file__).resolve().parent / "cluster")
+    if p
 )
 #: job states of a job that still holds (or waits for) its allocation
 LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"})
