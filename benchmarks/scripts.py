@@ -3,10 +3,10 @@
 #: registers every submitted job through the package API (as a manager's register pass would)
 REGISTER_SCRIPT = """
 import sys
-from httk_flow.discovery import walk_all
-from httk_flow.jobs import register
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.jobs import register
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 ws = Workspace.open(sys.argv[1])
 # list first: markers renamed out of a directory being scanned may be skipped or repeated

@@ -397,199 +397,33 @@ flow_log() {
     _flow_say '%(%Y-%m-%dT%H:%M:%S)T flow[%s %s]: %s\n' -1 "${FLOW_STEP-?}" "${FLOW_ATTEMPT_ID-?}" "$*"
 }
 
-# -- parsed on first use -----------------------------------------------------------------
-# bash parses every line of this file at each start of a step (about 2 µs a line), yet few
-# steps spawn children: the functions below the mark are defined by stubs that eval this
-# file's tail the first time one of them is called. Only function definitions follow it.
+# -- children: read on first use -----------------------------------------------------
+# bash parses every line of this file at each start of a step, yet few steps spawn: the
+# first call of flow_spawn, flow_wait or flow_children sources flow-children.sh beside
+# this file (it defines _flow_do_*), and refuses it unless it has the same version.
 
+_FLOW_API_VERSION=0.1.0
 _FLOW_API_FILE=${BASH_SOURCE[0]}
 [[ $_FLOW_API_FILE == /* ]] || _FLOW_API_FILE=$PWD/$_FLOW_API_FILE
-_FLOW_TAIL_MARK="#""@flow-api-tail"
+_flow_children_api=""
 
-_flow_load_tail() {
-    local _flow_src=""
-    IFS= read -r -d '' _flow_src <"$_FLOW_API_FILE" || true
-    if [[ $_flow_src != *"$_FLOW_TAIL_MARK"* ]]; then
-        _flow_misuse "${FUNCNAME[1]-flow}" "cannot read the rest of the bash API from $_FLOW_API_FILE"
-        return 2
-    fi
-    eval "${_flow_src#*"$_FLOW_TAIL_MARK"}"
-}
-
-flow_spawn() { _flow_load_tail && flow_spawn "$@"; }
-flow_wait() { _flow_load_tail && flow_wait "$@"; }
-flow_children() { _flow_load_tail && flow_children "$@"; }
-
-# sourcing ends here: bash never parses what follows (a check for shellcheck's sake)
-[[ -n ${_FLOW_TAIL_MARK-} ]] && return 0
-#@flow-api-tail
-
-# -- children ----------------------------------------------------------------------------
-
-# flow_spawn [--tag T] [--step S] [--param K=V]... [--priority N] [--label L] [--program P]
-# Define a child job; flow_wait registers them all when this attempt ends.
-flow_spawn() {
-    local _flow_tag="" _flow_s="" _flow_prio="" _flow_label="" _flow_prog="" _flow_opt
-    local _flow_params="" _flow_k _flow_v _flow_q _flow_line _flow_f=flow_spawn
-    local -A _flow_seen=()
-    _flow_nspawn=$((_flow_nspawn + 1))
-    if _flow_has_outcome; then
-        _flow_misuse $_flow_f "called after this attempt published its outcome"
-        return 2
-    fi
-    while (($#)); do
-        _flow_opt=$1
-        case $_flow_opt in
-        --tag | --step | --param | --priority | --label | --program)
-            if (($# < 2)); then
-                _flow_misuse $_flow_f "option $_flow_opt needs a value"
-                return 2
-            fi
-            _flow_v=$2
-            shift 2
-            ;;
-        --tag=* | --step=* | --param=* | --priority=* | --label=* | --program=*)
-            _flow_v=${_flow_opt#*=}
-            _flow_opt=${_flow_opt%%=*}
-            shift
-            ;;
-        *)
-            _flow_misuse $_flow_f "unknown argument '$_flow_opt' (options: --tag --step --param --priority --label --program)"
+# _flow_lazy FUNC ARGS...: FUNC (flow_spawn, ...) as _flow_do_* of flow-children.sh, which
+# is sourced first if need be; a misuse (and for flow_wait, the fail) when it cannot be.
+_flow_lazy() {
+    if [[ -z $_flow_children_api ]]; then
+        _FLOW_CHILDREN_VERSION=""
+        # shellcheck source-path=SCRIPTDIR source=flow-children.sh
+        if [[ -f ${_FLOW_API_FILE%/*}/flow-children.sh ]] && source "${_FLOW_API_FILE%/*}/flow-children.sh" && [[ $_FLOW_CHILDREN_VERSION == "$_FLOW_API_VERSION" ]]; then
+            _flow_children_api=loaded
+        else
+            _flow_misuse "$1" "cannot load ${_FLOW_API_FILE%/*}/flow-children.sh (version ${_FLOW_CHILDREN_VERSION:-unknown}) for flow.sh (version $_FLOW_API_VERSION): the two ship together and one job never mixes versions (was httk_flow upgraded while it ran?)"
+            [[ $1 != flow_wait ]] || _flow_outcome flow_wait fail "" "" || true
             return 2
-            ;;
-        esac
-        case $_flow_opt in
-        --tag)
-            if ! _flow_valid tag "$_flow_v"; then
-                _flow_misuse $_flow_f "tag '$_flow_v' is not valid (1-64 letters, digits, '_', '+' and '-', starting with a letter or digit)"
-                return 2
-            fi
-            _flow_tag=$_flow_v
-            ;;
-        --step)
-            if ! _flow_valid ident "$_flow_v"; then
-                _flow_misuse $_flow_f "step name '$_flow_v' is not valid (1-64 letters, digits and '_', not starting with a digit)"
-                return 2
-            fi
-            _flow_s=$_flow_v
-            ;;
-        --param)
-            if [[ $_flow_v != *=* ]]; then
-                _flow_misuse $_flow_f "--param needs KEY=VALUE, got '$_flow_v'"
-                return 2
-            fi
-            _flow_k=${_flow_v%%=*}
-            if ! _flow_valid ident "$_flow_k"; then
-                _flow_misuse $_flow_f "param key '$_flow_k' is not valid (1-64 letters, digits and '_', not starting with a digit)"
-                return 2
-            fi
-            if [[ -n ${_flow_seen[$_flow_k]-} ]]; then
-                _flow_misuse $_flow_f "param '$_flow_k' is given twice"
-                return 2
-            fi
-            _flow_seen[$_flow_k]=1
-            _flow_json_quote _flow_q "${_flow_v#*=}"
-            _flow_params+=${_flow_params:+,}"\"$_flow_k\":$_flow_q"
-            ;;
-        --priority)
-            if ! _flow_valid priority "$_flow_v"; then
-                _flow_misuse $_flow_f "priority '$_flow_v' is not an integer in 0-999"
-                return 2
-            fi
-            _flow_prio=$((10#$_flow_v))
-            ;;
-        --label)
-            if ! _flow_valid label "$_flow_v"; then
-                _flow_misuse $_flow_f "label '$_flow_v' is not valid (1-128 letters, digits and '_.+-', starting with a letter or digit)"
-                return 2
-            fi
-            _flow_label=$_flow_v
-            ;;
-        --program)
-            if [[ -z $_flow_v ]]; then
-                _flow_misuse $_flow_f "--program needs a path"
-                return 2
-            fi
-            [[ $_flow_v == /* ]] || _flow_v=$PWD/$_flow_v
-            if [[ ! -f $_flow_v || ! -x $_flow_v ]]; then
-                _flow_misuse $_flow_f "program '$_flow_v' is not an executable file"
-                return 2
-            fi
-            _flow_prog=$_flow_v
-            ;;
-        esac
-    done
-    if [[ -z $_flow_prog ]] && ((${#_flow_steps_list[@]})) && [[ -z ${_flow_declared[${_flow_s:-main}]-} ]]; then
-        _flow_misuse $_flow_f "the child would start at step '${_flow_s:-main}', which is not declared with flow_steps (declared: ${_flow_steps_list[*]}); pass --step"
-        return 2
+        fi
     fi
-    _flow_label=${_flow_label:-c$_flow_nspawn}
-    if [[ -n ${_flow_labels[$_flow_label]-} ]]; then
-        _flow_misuse $_flow_f "label '$_flow_label' is used twice in this attempt"
-        return 2
-    fi
-    _flow_labels[$_flow_label]=1
-    _flow_line="{\"label\":\"$_flow_label\""
-    [[ -z $_flow_tag ]] || _flow_line+=",\"tag\":\"$_flow_tag\""
-    [[ -z $_flow_s ]] || _flow_line+=",\"step\":\"$_flow_s\""
-    [[ -z $_flow_params ]] || _flow_line+=",\"params\":{$_flow_params}"
-    [[ -z $_flow_prio ]] || _flow_line+=",\"priority\":$_flow_prio"
-    if [[ -n $_flow_prog ]]; then
-        _flow_json_quote _flow_q "$_flow_prog"
-        _flow_line+=",\"program\":$_flow_q"
-    fi
-    _flow_children+=$_flow_line$'}\n'
-    return 0
+    "_flow_do_${1#flow_}" "${@:2}" || return
 }
 
-# flow_wait STEP [--all-succeeded|--all-done|--any-succeeded] [--on-impossible STEP]
-# End this attempt: register the spawned children and continue at STEP once the join holds.
-flow_wait() {
-    local _flow_s=${1-} _flow_mode=all_succeeded _flow_imp="" _flow_extra _flow_f=flow_wait
-    if (($# < 1)); then
-        _flow_misuse $_flow_f "usage: flow_wait STEP [--all-succeeded|--all-done|--any-succeeded] [--on-impossible STEP]"
-    else
-        shift
-        _flow_check_step $_flow_f "$_flow_s" || true
-    fi
-    while (($#)); do
-        case $1 in
-        --all-succeeded) _flow_mode=all_succeeded ;;
-        --all-done) _flow_mode=all_done ;;
-        --any-succeeded) _flow_mode=any_succeeded ;;
-        --on-impossible)
-            if (($# < 2)); then
-                _flow_misuse $_flow_f "--on-impossible needs a step"
-                break
-            fi
-            _flow_imp=$2
-            _flow_check_step $_flow_f "$_flow_imp" || true
-            shift
-            ;;
-        *)
-            _flow_misuse $_flow_f "unknown argument '$1'"
-            break
-            ;;
-        esac
-        shift
-    done
-    if [[ -z $_flow_children ]]; then
-        _flow_misuse $_flow_f "no children were spawned: a join over nothing can never be decided; call flow_spawn before flow_wait"
-    fi
-    _flow_extra=",\"step\":\"$_flow_s\",\"join\":\"$_flow_mode\""
-    [[ -z $_flow_imp ]] || _flow_extra+=",\"on_impossible\":\"$_flow_imp\""
-    _flow_outcome $_flow_f wait "" "$_flow_extra"
-}
-
-# flow_children: after a join, one line per child: LABEL ID STATE PATH
-flow_children() {
-    local _flow_file=${FLOW_CONTROL_DIR-}/children _flow_line
-    if [[ ! -f $_flow_file ]]; then
-        _flow_say 'flow_children: no children file in this attempt; it exists in the step that follows a flow_wait\n'
-        return 1
-    fi
-    while IFS= read -r _flow_line || [[ -n $_flow_line ]]; do
-        printf '%s\n' "$_flow_line"
-    done <"$_flow_file"
-    return 0
-}
+flow_spawn() { _flow_lazy flow_spawn "$@"; }
+flow_wait() { _flow_lazy flow_wait "$@"; }
+flow_children() { _flow_lazy flow_children; }

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from manager.support import Managers, OrphanReaper, make_workspace
 
-from httk_flow import fsio
-from httk_flow.submit import Submitter
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import fsio
+from httk_flow.protocol.submit import Submitter
+from httk_flow.protocol.workspace import Workspace
 
 settings.register_profile(
     "default",

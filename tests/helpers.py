@@ -1,4 +1,5 @@
-"""Shared helpers for the test suite: waiting without bare sleeps, and making jobs fast."""
+"""Shared helpers for the test suite: waiting without bare sleeps, making jobs fast, and
+reading the processes of this host (the one /proc reader of the tests)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from httk_flow.names import Marker, RecordRef, new_id
-from httk_flow.states import State
-from httk_flow.transition import JobHandle
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.names import Marker, RecordRef, new_id
+from httk_flow.protocol.procs import _stat_fields
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> object:
@@ -100,3 +103,53 @@ def fill_disk(directory: Path, block: int = 65536) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+# -- processes of this host -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proc:
+    """What the tests read of one process's /proc/<pid>/stat."""
+
+    pid: int
+    state: str  # "R", "S", "Z", ...
+    ppid: int
+    pgid: int
+
+
+def proc_pids() -> list[int]:
+    """Pids of every process of this host (some may be gone by the time they are read)."""
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def proc(pid: int) -> Proc | None:
+    """The process's stat (the package's own parser), or None when it is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return Proc(pid, fields[0].decode(), int(fields[1]), int(fields[2])) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def processes() -> Iterator[Proc]:
+    """Every process of this host that still exists when its stat is read."""
+    for pid in proc_pids():
+        p = proc(pid)
+        if p is not None:
+            yield p
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """Pids of the processes whose environment holds `entry` ("NAME=value") exactly."""
+    needle = f"{entry}\0".encode()
+    out = []
+    for pid in proc_pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle in env:
+            out.append(pid)
+    return out

@@ -14,14 +14,14 @@ from collections.abc import Callable
 
 import pytest
 
-from httk_flow import fsio, names
 from httk_flow.errors import InvalidName
-from httk_flow.jobspec import ParentRef
 from httk_flow.manager.decide import MAX_MANAGER_DEATHS, Ending, decide
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import carry, locate_key, transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import fsio, names
+from httk_flow.protocol.jobspec import ParentRef
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import carry, locate_key, transition
+from httk_flow.protocol.workspace import Workspace
 
 
 class _PauseAt(fsio.FileSystem):

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from helpers import markers_in, wait_for
 
-from httk_flow.discovery import walk_all
-from httk_flow.names import Marker, RecordRef
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.names import Marker, RecordRef
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import transition
+from httk_flow.protocol.workspace import Workspace
 
 JOBS = 2000
 RACERS = 8
@@ -28,11 +28,11 @@ PLACEMENTS = 16
 RACER = textwrap.dedent(
     """
     import json, os, sys, time
-    from httk_flow.discovery import MarkerStream
+    from httk_flow.protocol.discovery import MarkerStream
     from httk_flow.errors import TransitionConflict
-    from httk_flow.states import State
-    from httk_flow.transition import transition
-    from httk_flow.workspace import Workspace
+    from httk_flow.protocol.states import State
+    from httk_flow.protocol.transition import transition
+    from httk_flow.protocol.workspace import Workspace
 
     root, me, signals = sys.argv[1], sys.argv[2], sys.argv[3]
     ws = Workspace.open(root)

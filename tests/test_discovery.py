@@ -9,11 +9,16 @@ from collections.abc import Iterator
 import pytest
 from helpers import plant_marker
 
-from httk_flow.discovery import HEARTBEAT_EVERY, MarkerStream, walk_all
-from httk_flow.names import Marker
-from httk_flow.states import State
-from httk_flow.transition import JobHandle
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.discovery import (
+    HEARTBEAT_EVERY,
+    MarkerStream,
+    markers_of_placement,
+    walk_all,
+)
+from httk_flow.protocol.names import Marker
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
 
 
 class _CountingScandir:
@@ -215,3 +220,21 @@ def test_an_unreadable_directory_is_reported_and_the_walk_goes_on(
     found = _drain_one_cycle(stream, 4)
     assert {(h.placement, h.key) for h in found} == {p for p in planted if p[0] != "locked/x"}
     assert bad == [locked]
+
+
+def test_markers_of_placement_lists_each_state_kind_of_one_placement(ws: Workspace) -> None:
+    ready = plant_marker(ws, State.READY, "jobs/abc")
+    waiting = plant_marker(ws, State.WAITING, "jobs/abc")
+    plant_marker(ws, State.READY, "jobs/abc/deeper")  # another placement: not listed
+    plant_marker(ws, State.READY, "jobs/xyz")
+    litter = os.path.join(ws.state_dir(State.READY, "jobs/abc"), "not-a-marker")
+    open(litter, "x").close()
+    found = list(markers_of_placement(ws, "jobs/abc"))
+    assert sorted((st.value, m.key) for st, m in found) == sorted(
+        [(State.READY.value, ready.key), (State.WAITING.value, waiting.key)]
+    )
+    assert [st for st, _ in found] == [st for st in State if st in (State.READY, State.WAITING)]
+    assert list(markers_of_placement(ws, "jobs/abc", (State.WAITING,))) == [
+        (State.WAITING, waiting.marker)
+    ]
+    assert list(markers_of_placement(ws, "jobs/nowhere")) == []

@@ -7,13 +7,14 @@ import os
 import pytest
 from helpers import markers_in
 
-from httk_flow import jobs
 from httk_flow.errors import InvalidJob, JobNotFound
-from httk_flow.jobspec import JobSpec
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import JobHandle, carry, locate_key, transition
-from httk_flow.workspace import Workspace
+from httk_flow.ops import lookup
+from httk_flow.protocol import jobs
+from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.workspace import Workspace
 
 
 def _submit(submitter: Submitter, **kw: object) -> JobSpec:
@@ -45,8 +46,8 @@ def test_a_job_is_found_by_its_full_id(
     ws: Workspace, population: dict[str, JobSpec], which: str
 ) -> None:
     spec = population[which]
-    assert jobs.find(ws, spec.id) == _handle(ws, spec)
-    assert jobs.find(ws, f"  {spec.id}\n") == _handle(ws, spec)
+    assert lookup.find(ws, spec.id) == _handle(ws, spec)
+    assert lookup.find(ws, f"  {spec.id}\n") == _handle(ws, spec)
 
 
 @pytest.mark.parametrize("which", ["plain", "tagged", "placed", "placed_tagged"])
@@ -54,7 +55,7 @@ def test_a_job_is_found_by_its_key(
     ws: Workspace, population: dict[str, JobSpec], which: str
 ) -> None:
     spec = population[which]
-    assert jobs.find(ws, spec.key) == _handle(ws, spec)
+    assert lookup.find(ws, spec.key) == _handle(ws, spec)
 
 
 @pytest.mark.parametrize("which", ["plain", "placed_tagged"])
@@ -63,21 +64,21 @@ def test_a_job_is_found_by_an_id_prefix_of_eight_or_more_characters(
     ws: Workspace, population: dict[str, JobSpec], which: str, length: int
 ) -> None:
     spec = population[which]
-    assert jobs.find(ws, spec.id[:length]) == _handle(ws, spec)
+    assert lookup.find(ws, spec.id[:length]) == _handle(ws, spec)
 
 
 def test_a_job_is_found_by_a_tag_that_names_exactly_one_job(
     ws: Workspace, population: dict[str, JobSpec]
 ) -> None:
-    assert jobs.find(ws, "unique-tag") == _handle(ws, population["tagged"])
-    assert jobs.find(ws, "solo") == _handle(ws, population["placed_tagged"])
+    assert lookup.find(ws, "unique-tag") == _handle(ws, population["tagged"])
+    assert lookup.find(ws, "solo") == _handle(ws, population["placed_tagged"])
 
 
 def test_a_tag_shared_by_two_jobs_is_ambiguous(
     ws: Workspace, population: dict[str, JobSpec]
 ) -> None:
     with pytest.raises(JobNotFound) as info:
-        jobs.find(ws, "twin")
+        lookup.find(ws, "twin")
     text = str(info.value)
     assert "2 jobs" in text
     assert population["twin1"].key in text and population["twin2"].key in text
@@ -87,10 +88,10 @@ def test_an_id_prefix_shared_by_two_jobs_is_ambiguous(ws: Workspace, submitter: 
     a = _submit(submitter, job_id="deadbeef" + "0" * 24)
     b = _submit(submitter, job_id="deadbeef" + "1" * 24, placement="elsewhere")
     with pytest.raises(JobNotFound) as info:
-        jobs.find(ws, "deadbeef")
+        lookup.find(ws, "deadbeef")
     assert "2 jobs" in str(info.value)
-    assert jobs.find(ws, "deadbeef0") == _handle(ws, a)
-    assert jobs.find(ws, "deadbeef1") == _handle(ws, b)
+    assert lookup.find(ws, "deadbeef0") == _handle(ws, a)
+    assert lookup.find(ws, "deadbeef1") == _handle(ws, b)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +102,7 @@ def test_a_name_that_matches_no_job_is_reported(
     ws: Workspace, population: dict[str, JobSpec], ident: str
 ) -> None:
     with pytest.raises(JobNotFound) as info:
-        jobs.find(ws, ident)
+        lookup.find(ws, ident)
     assert "flow list" in str(info.value) or "8 characters" in str(info.value)
 
 
@@ -110,7 +111,7 @@ def test_a_job_is_found_in_whatever_state_it_is_in(ws: Workspace, submitter: Sub
     h = transition(ws, _handle(ws, spec), State.READY, {}, actor="t")
     h = transition(ws, h, State.PAUSED, {}, actor="t")
     for ident in (spec.id, spec.id[:10], spec.key, "mover"):
-        found = jobs.find(ws, ident)
+        found = lookup.find(ws, ident)
         assert found.state is State.PAUSED and found == h
 
 
@@ -182,7 +183,7 @@ def test_view_lists_the_history_oldest_first(ws: Workspace, submitter: Submitter
     h = transition(
         ws, h, State.SUCCEEDED, carry(f, attempt=attempt, result={"ok": True}), actor="mgr"
     )
-    view = jobs.view(ws, h)
+    view = lookup.view(ws, h)
     assert [fr["to"] for fr in view.frames] == [
         "submitted",
         "ready",
@@ -207,7 +208,7 @@ def test_view_of_a_job_with_a_broken_definition_still_shows_its_history(
     with open(os.path.join(ws.job_dir(spec.placement, spec.key), "job.json"), "wb") as fh:
         fh.write(b"[]")
     h = jobs.register(ws, _handle(ws, spec), actor="mgr")
-    view = jobs.view(ws, h)
+    view = lookup.view(ws, h)
     assert view.spec is None and view.spec_error is not None
     assert [fr["to"] for fr in view.frames] == ["submitted", "failed"]
 
@@ -237,4 +238,4 @@ def test_a_tag_made_only_of_hex_digits_still_names_its_job(
     ws: Workspace, submitter: Submitter
 ) -> None:
     spec = _submit(submitter, tag="20240611")  # a date: as natural a tag as any
-    assert jobs.find(ws, "20240611") == _handle(ws, spec)
+    assert lookup.find(ws, "20240611") == _handle(ws, spec)

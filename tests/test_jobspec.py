@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from httk_flow import names
 from httk_flow.errors import FlowError, InvalidJob
-from httk_flow.jobspec import _KNOWN, JOB_FORMAT, MAX_JOB_JSON, JobSpec, ParentRef, Program
+from httk_flow.protocol import names
+from httk_flow.protocol.jobspec import _KNOWN, JOB_FORMAT, MAX_JOB_JSON, JobSpec, ParentRef, Program
 
 WHERE = "job.json"
 

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from httk_flow.errors import CorruptRecord, FlowError
-from httk_flow.journal import JournalReader, JournalWriter, iter_segment, segment_name
-from httk_flow.names import RecordRef
+from httk_flow.protocol.journal import JournalReader, JournalWriter, iter_segment, segment_name
+from httk_flow.protocol.names import RecordRef
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_a_ref_to_a_missing_writer_or_segment_is_a_corrupt_record(journal: str) 
 def test_a_frame_past_the_size_limit_is_refused_rather_than_buffered(
     journal: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import httk_flow.journal as journal_mod
+    import httk_flow.protocol.journal as journal_mod
 
     monkeypatch.setattr(journal_mod, "MAX_FRAME", 10_000)
     w = _writer(journal)

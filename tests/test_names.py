@@ -6,9 +6,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from httk_flow import names
 from httk_flow.errors import InvalidName
-from httk_flow.names import (
+from httk_flow.protocol import names
+from httk_flow.protocol.names import (
     MAX_PLACEMENT_DEPTH,
     MAX_PLACEMENT_LEN,
     JobKey,

@@ -25,16 +25,16 @@ from manager.support import (
     write_script,
 )
 
-from httk_flow.allocations import (
+from httk_flow.protocol.procs import process_alive
+from httk_flow.protocol.workspace import Workspace
+from httk_flow.scale.allocations import (
     AllocationRecord,
     AllocationStore,
     AllocPhase,
     Reconciler,
     ScaleSettings,
 )
-from httk_flow.backends.local import BACKEND as LOCAL
-from httk_flow.procs import process_alive
-from httk_flow.workspace import Workspace
+from httk_flow.scale.backends.local import BACKEND as LOCAL
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from httk_flow.errors import FlowError, IllegalTransition
-from httk_flow.states import TRANSITIONS, State
+from httk_flow.protocol.states import TRANSITIONS, State
 
 ALL_PAIRS = list(itertools.product(State, State))
 

@@ -12,15 +12,15 @@ from helpers import markers_in
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from httk_flow import names
 from httk_flow.errors import FlowError, InvalidName, UsageError
-from httk_flow.jobs import load_spec
-from httk_flow.jobspec import JobSpec, Program
-from httk_flow.names import Marker
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import locate_key
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import names
+from httk_flow.protocol.jobs import load_spec
+from httk_flow.protocol.jobspec import JobSpec, Program
+from httk_flow.protocol.names import Marker
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import locate_key
+from httk_flow.protocol.workspace import Workspace
 
 
 def test_a_submitted_job_is_a_directory_with_its_definition(

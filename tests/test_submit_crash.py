@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from helpers import markers_in, wait_for
 
-from httk_flow import jobs
-from httk_flow.crash import POINTS
-from httk_flow.jobspec import JobSpec
-from httk_flow.names import Marker
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import jobs
+from httk_flow.protocol.crash import POINTS
+from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.names import Marker
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 JOBS = 300
 CHUNK = 50  # jobs per submit() call, so the per-batch crash points are hit several times
@@ -30,8 +30,8 @@ INPUT_TEXT = "input of the crash test\n" * 50
 SUBMITTER = textwrap.dedent(
     f"""
     import sys
-    from httk_flow.submit import SubmitRequest, Submitter
-    from httk_flow.workspace import Workspace
+    from httk_flow.protocol.submit import SubmitRequest, Submitter
+    from httk_flow.protocol.workspace import Workspace
 
     root, program, data, started = sys.argv[1:5]
     sub = Submitter(Workspace.open(root), actor="crasher")

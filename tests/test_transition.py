@@ -8,13 +8,13 @@ import os
 import pytest
 from helpers import markers_in
 
-from httk_flow import fsio
 from httk_flow.errors import FlowError, IllegalTransition, TransitionConflict
-from httk_flow.names import Marker
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import JobHandle, carry, locate_key, transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import fsio
+from httk_flow.protocol.names import Marker
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.workspace import Workspace
 
 
 def _submitted(ws: Workspace, submitter: Submitter, placement: str = "t/one") -> JobHandle:

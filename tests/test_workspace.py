@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from httk_flow.errors import FlowError, UsageError, WorkspaceError
-from httk_flow.states import State
-from httk_flow.workspace import FORMAT_VERSION, Policy, Workspace, WorkspaceFormat
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import FORMAT_VERSION, Policy, Workspace, WorkspaceFormat
 
 WHERE = "format.json"
 

@@ -11,7 +11,7 @@ import click
 import orjson
 
 from httk_flow.errors import FlowError
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.workspace import Workspace
 
 
 class App:

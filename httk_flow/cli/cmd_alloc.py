@@ -7,11 +7,11 @@ import datetime as dt
 
 import click
 
-from httk_flow import backends
-from httk_flow.allocation_records import AllocationStore
-from httk_flow.allocations import Reconciler, ScaleSettings, TickReport
 from httk_flow.cli.app import App
-from httk_flow.durations import parse_duration
+from httk_flow.protocol.durations import parse_duration
+from httk_flow.scale import backends
+from httk_flow.scale.allocation_records import AllocationStore
+from httk_flow.scale.allocations import Reconciler, ScaleSettings, TickReport
 
 
 def _when(t: float) -> str:

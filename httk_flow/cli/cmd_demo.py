@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from httk_flow import demo
 from httk_flow.cli.app import App
-from httk_flow.states import State
-from httk_flow.status import StatusReport
+from httk_flow.ops import demo
+from httk_flow.ops.status import StatusReport
+from httk_flow.protocol.states import State
 
 
 def _line(r: StatusReport, elapsed: float) -> str:
@@ -22,7 +22,11 @@ def register(cli: click.Group) -> None:
     @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
     @click.pass_obj
     def demo_cmd(app: App, /, path: str, workers: int) -> None:
-        """Build a workspace with an example campaign in PATH and run it."""
+        """Build a workspace with an example campaign in PATH and run it.
+
+        PATH must not hold the demo already (from an earlier run): remove it or pick
+        another directory."""
+        demo.check(path)  # before any live display: the refusal is a plain error line
         if app.is_terminal:
             from rich.console import Group
             from rich.live import Live

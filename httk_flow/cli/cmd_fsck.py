@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from httk_flow.cli.app import App
-from httk_flow.fsck import Fsck
-from httk_flow.gc import collect
-from httk_flow.inputs import human_size
+from httk_flow.ops.fsck import Fsck
+from httk_flow.ops.gc import collect
+from httk_flow.protocol.inputs import human_size
 
 
 def register(cli: click.Group) -> None:

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import click
 
 from httk_flow.cli.app import App
-from httk_flow.durations import parse_duration
-from httk_flow.workspace import Workspace
+from httk_flow.errors import UsageError
+from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.workspace import FLOW_DIR, Workspace
+
+
+def enclosing_workspace(path: str) -> str | None:
+    """The nearest workspace root strictly above `path`, or None.
+
+    Refuses a `path` inside that workspace's own `.flow` directory."""
+    here = Path(path).resolve()
+    for d in here.parents:
+        if (d / FLOW_DIR / "format.json").is_file():
+            if here.is_relative_to(d / FLOW_DIR):
+                raise UsageError(
+                    f"is inside the {FLOW_DIR} directory of workspace {d}",
+                    obj=os.path.abspath(path),
+                    hint="create the workspace somewhere else",
+                )
+            return str(d)
+    return None
 
 
 def register(cli: click.Group) -> None:
@@ -25,13 +46,23 @@ def register(cli: click.Group) -> None:
     def init(
         app: App, /, path: str, durable: bool, lease: str | None, exist_ok: bool, as_json: bool
     ) -> None:
-        """Create a workspace in PATH (default: the current directory)."""
+        """Create a workspace in PATH (default: the current directory).
+
+        Inside another workspace's tree it warns, naming that workspace; inside a
+        workspace's .flow directory it refuses."""
+        outer = enclosing_workspace(path)
+        existed = os.path.isfile(os.path.join(path, FLOW_DIR, "format.json"))
         ws = Workspace.create(
             path,
             durable=durable,
             lease=parse_duration(lease, "--lease") if lease else None,
             exist_ok=exist_ok,
         )
+        if outer is not None and not existed:
+            app.warn(
+                f"{ws.root} is inside workspace {outer}; "
+                "commands run below it now find the new workspace, not that one"
+            )
         if as_json:
             app.json(
                 {

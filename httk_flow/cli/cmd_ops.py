@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from httk_flow import maintenance
 from httk_flow.cli.app import App
-from httk_flow.durations import format_duration
-from httk_flow.leases import read_managers
+from httk_flow.protocol import maintenance
+from httk_flow.protocol.durations import format_duration
+from httk_flow.protocol.leases import read_managers
 
 
 def register(cli: click.Group) -> None:

@@ -7,11 +7,12 @@ from typing import Any
 
 import click
 
-from httk_flow import jobs
 from httk_flow.cli.app import App
-from httk_flow.durations import format_duration, parse_duration
-from httk_flow.states import State
-from httk_flow.status import GroupBy, StatusReport, Throughput, workspace_status
+from httk_flow.ops import lookup
+from httk_flow.ops.status import GroupBy, StatusReport, Throughput, workspace_status
+from httk_flow.protocol import jobs
+from httk_flow.protocol.durations import format_duration, parse_duration
+from httk_flow.protocol.states import State
 
 STATE_NAMES = [s.value for s in State]
 
@@ -56,7 +57,7 @@ def register(cli: click.Group) -> None:
     ) -> None:
         """One row per job."""
         sel = tuple(State(s) for s in states) or tuple(State)
-        rows = jobs.list_rows(app.ws, sel, tag=tag, limit=limit)
+        rows = lookup.list_rows(app.ws, sel, tag=tag, limit=limit)
         if as_json:
             app.json({"jobs": [r.to_json() for r in rows]})
             return
@@ -84,7 +85,7 @@ def register(cli: click.Group) -> None:
     def show(app: App, /, job: str, as_json: bool) -> None:
         """Definition, current state and attempts of JOB."""
         ws = app.ws
-        v = jobs.view(ws, jobs.find(ws, job))
+        v = lookup.view(ws, lookup.find(ws, job))
         h, f = v.handle, v.frame
         doc: dict[str, Any] = {
             "id": h.job_id,
@@ -157,7 +158,7 @@ def register(cli: click.Group) -> None:
     def history(app: App, /, job: str, as_json: bool) -> None:
         """Every transition of JOB, oldest first."""
         ws = app.ws
-        frames = jobs.history(ws, jobs.find(ws, job))
+        frames = jobs.history(ws, lookup.find(ws, job))
         if as_json:
             app.json({"transitions": frames})
             return

@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
-from httk_flow import backends
 from httk_flow.cli.app import App
-from httk_flow.durations import parse_duration
 from httk_flow.errors import UsageError
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
-from httk_flow.names import check_label, check_placement
-from httk_flow.workspace import check_lease
+from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.names import check_label, check_placement
+from httk_flow.protocol.workspace import check_lease
+from httk_flow.scale import backends
 
 #: the batch script may export when its allocation ends (unix seconds)
 ALLOCATION_END_ENV = "FLOW_ALLOCATION_END"

@@ -7,14 +7,15 @@ from collections.abc import Callable
 
 import click
 
-from httk_flow import jobs, names, requests, steering
 from httk_flow.cli.app import App
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.logs import read_log
-from httk_flow.states import State
-from httk_flow.transition import JobHandle
-from httk_flow.waiting import wait_jobs
-from httk_flow.workspace import Workspace
+from httk_flow.ops import lookup, steering
+from httk_flow.ops.logs import read_log
+from httk_flow.ops.waiting import wait_jobs
+from httk_flow.protocol import jobs, names, requests
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
 
 STATE_NAMES = [s.value for s in State]
 
@@ -26,7 +27,7 @@ def _select(
     if idents and (states or all_):
         raise UsageError("name jobs, or use --state/--all, not both", obj=f"flow {verb}")
     if idents:
-        return [jobs.find(ws, i) for i in idents]
+        return [lookup.find(ws, i) for i in idents]
     if not states and not all_:
         raise UsageError("name at least one JOB (or --state KIND / --all)", obj=f"flow {verb}")
     sel = tuple(State(s) for s in states) if states else tuple(State)
@@ -176,7 +177,7 @@ def register(cli: click.Group) -> None:
     def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
         """Block until jobs are terminal: exit 0 all succeeded, 1 some did not, 3 timeout."""
         ws = app.ws
-        handles = [jobs.find(ws, i) for i in idents] if idents else None
+        handles = [lookup.find(ws, i) for i in idents] if idents else None
         if app.is_terminal and not as_json:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -225,7 +226,7 @@ def register(cli: click.Group) -> None:
         """Print an attempt's output."""
         ws = app.ws
         for chunk in read_log(
-            ws, jobs.find(ws, ident), stderr=stderr, attempt=attempt, follow=follow
+            ws, lookup.find(ws, ident), stderr=stderr, attempt=attempt, follow=follow
         ):
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()

@@ -9,17 +9,85 @@ from typing import IO, Any
 
 import click
 
-from httk_flow.bulk import array_requests, jsonl_requests, parse_array
 from httk_flow.cli.app import App
-from httk_flow.durations import parse_duration
 from httk_flow.errors import UsageError
-from httk_flow.inputs import DEFAULT_INPUT_MAX, parse_size
-from httk_flow.jobspec import DEFAULT_RETRIES
-from httk_flow.names import DEFAULT_PRIORITY
-from httk_flow.submit import SubmitRequest, Submitter
+from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
+from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
+from httk_flow.protocol.jobspec import DEFAULT_RETRIES
+from httk_flow.protocol.names import DEFAULT_PRIORITY
+from httk_flow.protocol.submit import SubmitRequest, Submitter
 
 #: past this many jobs a terminal gets a summary line instead of every id
 SHOW_IDS = 20
+
+
+#: options of ours that are not worth a warning when they follow PROGRAM
+_NO_WARNING = frozenset({"--help"})
+
+
+class SubmitCommand(click.Command):
+    """Warns about one of `flow submit`'s own options written after PROGRAM.
+
+    Such an argument still goes to the program. The warning is left out when a `--`
+    ends `flow submit`'s options before PROGRAM (click swallows that `--`, so the raw
+    arguments are scanned here), and for the arguments after a `--` that follows
+    PROGRAM (that `--` reaches the program, like every argument after it).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        dashdash = self._dashdash_before_program(ctx, args)
+        rest = super().parse_args(ctx, args)
+        if not dashdash and not ctx.resilient_parsing and ctx.params.get("program"):
+            app = ctx.ensure_object(App)
+            for name in self._own_options_in(ctx, ctx.params.get("args") or ()):
+                app.warn(
+                    f"{name} after the program goes to the program; "
+                    "put it before, or use -- to silence this"
+                )
+        return rest
+
+    def _takes_value(self, ctx: click.Context) -> dict[str, bool]:
+        out: dict[str, bool] = {}
+        for p in self.get_params(ctx):
+            if isinstance(p, click.Option):
+                for name in (*p.opts, *p.secondary_opts):
+                    out[name] = not p.is_flag and not p.count
+        return out
+
+    def _dashdash_before_program(self, ctx: click.Context, args: list[str]) -> bool:
+        """Whether a `--` ends the options before PROGRAM, walking them as click does."""
+        takes = self._takes_value(ctx)
+        i = 0
+        while i < len(args):
+            tok = args[i]
+            if tok == "--":
+                return True
+            if tok[:1] != "-" or tok == "-":
+                return False  # PROGRAM
+            if tok.startswith("--"):
+                if "=" not in tok and takes.get(tok, False):
+                    i += 1  # the option's value, whatever it looks like
+            else:
+                for j in range(1, len(tok)):
+                    if takes.get("-" + tok[j], False):
+                        if j == len(tok) - 1:
+                            i += 1
+                        break
+            i += 1
+        return False
+
+    def _own_options_in(self, ctx: click.Context, args: tuple[str, ...]) -> list[str]:
+        """Our long option names among ARGS up to a `--`, each once, in order."""
+        names = {n for n in self._takes_value(ctx) if n.startswith("--")} - _NO_WARNING
+        found: list[str] = []
+        for tok in args:
+            if tok == "--":
+                break
+            name = tok.split("=", 1)[0]
+            if name in names and name not in found:
+                found.append(name)
+        return found
 
 
 def register(cli: click.Group) -> None:
@@ -27,7 +95,10 @@ def register(cli: click.Group) -> None:
 
     @cli.command(
         "submit",
-        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+        cls=SubmitCommand,
+        # parsing stops at PROGRAM: what follows is the program's, while an unknown
+        # option before it is click's "No such option" (with a suggestion)
+        context_settings={"allow_interspersed_args": False},
     )
     @click.argument("program", required=False)
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -83,8 +154,8 @@ def register(cli: click.Group) -> None:
         "--array",
         "array",
         default=None,
-        metavar="START-END[:STEP]",
-        help="One job per index; the index is FLOW_ARRAY_INDEX.",
+        metavar="INDICES",
+        help="One job per index (1-9, 1-9:2, 1,3,5, 1-3,7,10-20:5); the index is FLOW_ARRAY_INDEX.",
     )
     @click.option(
         "--from",
@@ -148,7 +219,7 @@ def register(cli: click.Group) -> None:
             elif array is not None:
                 indices = parse_array(array)
                 make = lambda: array_requests(base, indices)  # noqa: E731
-                total = len(indices)
+                total = sum(len(r) for r in indices)
             else:
                 make = lambda: iter([base])  # noqa: E731
                 total = 1

@@ -45,7 +45,7 @@ class LazyGroup(FlowGroup):
             self._all = True
             for mod in _MODULES:
                 self._load(mod)
-            from httk_flow.backends import commands as backend_commands
+            from httk_flow.scale.backends import commands as backend_commands
 
             for command in backend_commands():
                 self.add_command(command)

@@ -12,11 +12,11 @@ from typing import Any
 
 import orjson
 
-from httk_flow.fsio import write_file
-from httk_flow.jobspec import JobSpec
-from httk_flow.journal import Frame
-from httk_flow.names import attempt_name
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.fsio import write_file
+from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.names import attempt_name
+from httk_flow.protocol.workspace import Workspace
 
 #: reasons a previous attempt ended that make the next start an unclean restart
 UNCLEAN = frozenset({"interrupted"})

@@ -12,21 +12,21 @@ import os
 import time
 from collections.abc import Callable
 
-from httk_flow.children import child_id, child_placement
-from httk_flow.crash import crash_point
 from httk_flow.errors import CorruptRecord, FlowError, InvalidOutcome, UsageError
-from httk_flow.jobs import load_spec
-from httk_flow.jobspec import JobSpec, ParentRef
-from httk_flow.journal import Frame
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
-from httk_flow.names import MAX_PRIORITY, attempt_name
-from httk_flow.outcome import ChildDef, read_outcome
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import JobHandle, carry, transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.children import child_id, child_placement
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.jobs import load_spec
+from httk_flow.protocol.jobspec import JobSpec, ParentRef
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.names import MAX_PRIORITY, attempt_name
+from httk_flow.protocol.outcome import ChildDef, read_outcome
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.workspace import Workspace
 
 
 class Committer:
@@ -121,7 +121,6 @@ class Committer:
             if inbox is not None and folded is not None:
                 inbox.give_back(folded)
             raise
-        self.log.transition(job.key, job.state.value, "committing", decision.why)
         crash_point("commit.after_committing")
         final = self.finish(committing, spec, body, decision)
         if inbox is not None and folded is not None:
@@ -144,8 +143,7 @@ class Committer:
                 body[k] = frame[k]
         if evidence is not None:
             body["evidence"] = evidence
-        mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
-        self.log.transition(job.key, "committing", "committing", "taken over")
+        mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor, note="taken over")
         return self.finish_recorded(mine, body)
 
     def finish_recorded(self, mine: JobHandle, frame: Frame) -> JobHandle:
@@ -220,7 +218,6 @@ class Committer:
             priority=prio if type(prio) is int and 0 <= prio <= MAX_PRIORITY else None,
             not_before=decision.not_before,
         )
-        self.log.transition(committing.key, "committing", decision.target.value, decision.why)
         crash_point("commit.after_final")
         return final
 
@@ -232,7 +229,6 @@ class Committer:
             if k in frame:
                 body[k] = frame[k]
         final = transition(self.ws, committing, State.FAILED, body, actor=self.actor)
-        self.log.transition(committing.key, "committing", "failed", "commit_error")
         self.log.problem(committing.key, message)
         return final
 

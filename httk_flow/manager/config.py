@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from httk_flow.workspace import check_lease
+from httk_flow.protocol.workspace import check_lease
 
 
 @dataclass(frozen=True)

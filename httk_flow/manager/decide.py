@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from httk_flow.jobspec import JobSpec
-from httk_flow.journal import Frame
-from httk_flow.outcome import Action, ChildDef, Outcome
-from httk_flow.states import State
+from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.outcome import Action, ChildDef, Outcome
+from httk_flow.protocol.states import State
 
 #: uncharged interruptions of one job before it is failed rather than restarted forever
 MAX_INTERRUPTIONS = 20

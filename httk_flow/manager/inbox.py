@@ -14,17 +14,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from httk_flow import requests
-from httk_flow.crash import crash_point
 from httk_flow.errors import FlowError, TransitionConflict
-from httk_flow.fsio import fs
-from httk_flow.leases import read_managers, silent_for_takeover
 from httk_flow.manager.decide import Decision
 from httk_flow.manager.log import ManagerLog
-from httk_flow.requests import InvalidRequest, Request
-from httk_flow.states import State
-from httk_flow.transition import JobHandle, carry, locate_key, transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import requests
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.leases import read_managers, silent_for_takeover
+from httk_flow.protocol.requests import InvalidRequest, Request
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.workspace import Workspace
 
 #: how often new/ is listed: a human asked, half a second is prompt enough
 REFRESH = 0.5
@@ -236,7 +236,7 @@ class RequestInbox:
                 body = carry(frame, join=frame.get("join"), why="paused by request")
                 body["last"] = "paused"
                 body["requests"] = [req.name]
-                transition(self.ws, job, State.PAUSED, body, actor=self.manager)
+                transition(self.ws, job, State.PAUSED, body, actor=self.manager, note=req.op)
             else:
                 body = carry(frame, join=frame.get("join"), why=f"priority {req.priority}")
                 body["requests"] = [req.name]
@@ -248,10 +248,10 @@ class RequestInbox:
                     actor=self.manager,
                     priority=req.priority,
                     not_before=job.marker.not_before,
+                    note=req.op,
                 )
         except TransitionConflict:
             return ""
-        self.log.transition(job.key, st.value, "paused" if req.op == "pause" else st.value, req.op)
         return None
 
     def _sweep_others(self) -> int:

@@ -11,16 +11,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from httk_flow.children import child_states
-from httk_flow.crash import crash_point
 from httk_flow.errors import FlowError, TransitionConflict
-from httk_flow.fsio import fs
-from httk_flow.jobs import fail
 from httk_flow.manager.passes import PassContext
-from httk_flow.names import Marker
-from httk_flow.states import State
-from httk_flow.transition import JobHandle, carry, transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.children import child_states
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.jobs import fail
+from httk_flow.protocol.names import Marker
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.workspace import Workspace
 
 
 @dataclass
@@ -132,7 +132,6 @@ class JoinPass:
                 join_ref=str(h.marker.ref),
             )
             self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
-            ctx.log.transition(h.key, "waiting", "ready", "joined")
             crash_point("join.after_release")
             return 1
         if impossible:
@@ -147,7 +146,6 @@ class JoinPass:
                     join_ref=str(h.marker.ref),
                 )
                 self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
-                ctx.log.transition(h.key, "waiting", "ready", "join impossible")
             else:
                 fail(
                     ctx.ws,
@@ -157,7 +155,6 @@ class JoinPass:
                     f"children failed: {failed}" + (" ..." if len(bad) > 10 else ""),
                     actor=ctx.actor,
                 )
-                ctx.log.transition(h.key, "waiting", "failed", "dependency_failure")
             return 1
         return 0
 

@@ -15,7 +15,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 
-from httk_flow.procs import group_members_alive, proc_start_time, process_alive
+from httk_flow.protocol.procs import group_members_alive, proc_start_time, process_alive
 
 __all__ = [
     "GATE_CLOSED",

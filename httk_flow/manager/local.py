@@ -9,19 +9,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from httk_flow.crash import crash_point
 from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
-from httk_flow.jobs import fail
-from httk_flow.jobspec import JobSpec
-from httk_flow.journal import Frame
 from httk_flow.manager.attempts import OUTCOME_STAGING, AttemptPlan, prepare
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import LaunchedProcess, group_alive, launch, signal_group
 from httk_flow.manager.log import ManagerLog
-from httk_flow.states import State
-from httk_flow.transition import JobHandle, carry, locate_key, transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.jobs import fail
+from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.workspace import Workspace
 
 #: attempts of a program that did not use its staging directory between two that try again
 STAGING_RETRY = 32
@@ -157,7 +157,9 @@ class LocalAttempts:
         attempt.update(pid=proc.pid, pgid=proc.pid, start_time=proc.start_time, dir=plan.dir)
         body = carry(claim_body, attempt=attempt)
         try:
-            running = transition(self.ws, claimed, State.RUNNING, body, actor=self.actor)
+            running = transition(
+                self.ws, claimed, State.RUNNING, body, actor=self.actor, note=plan.name
+            )
         except FlowError as e:
             proc.close_gate()  # the gate closes unopened: the program never runs
             proc.wait()
@@ -170,7 +172,6 @@ class LocalAttempts:
             return None
         crash_point("launch.after_running")
         proc.open_gate()
-        self.log.transition(claimed.key, "claimed", "running", plan.name)
         la = LocalAttempt(running, spec, body, plan, proc, self.clock())
         self.by_key[running.key] = la
         if self.on_start:
@@ -329,10 +330,11 @@ class LocalAttempts:
         }
         body = carry(frame, attempt=att, evidence=evidence, why="cancelled")
         try:
-            done = transition(self.ws, now, State.CANCELLED, body, actor=self.actor)
+            done = transition(
+                self.ws, now, State.CANCELLED, body, actor=self.actor, note="exit verified"
+            )
         except TransitionConflict:
             return None
-        self.log.transition(now.key, "cancelling", "cancelled", "exit verified")
         return done
 
     def check_fenced(self) -> None:

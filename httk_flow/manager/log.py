@@ -1,4 +1,8 @@
-"""Manager log lines: one per transition, as text or as one JSON object a line."""
+"""Manager log lines: one per transition, as text or as one JSON object a line.
+
+The transition lines are not written by hand: `ManagerLog.observe` is installed as the
+workspace's transition observer, so every move the manager makes is logged exactly once.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ import time
 from typing import IO, Any
 
 import orjson
+
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.transition import JobHandle
 
 
 class ManagerLog:
@@ -46,6 +53,22 @@ class ManagerLog:
             {"job": key, "from": src, "to": dst, "why": why},
             f"{key} {src} -> {dst}" + (f" ({why})" if why else ""),
         )
+
+    def observe(self, old: JobHandle, new: JobHandle, frame: Frame, note: str | None) -> None:
+        """The workspace's transition observer: one line for the move just made.
+
+        Its reason is the caller's note, else the frame's `why`, else its failure code.
+        """
+        if not self.enabled:
+            return
+        why = note
+        if why is None:
+            why = frame.get("why")
+            if not isinstance(why, str):
+                failure = frame.get("failure")
+                code = failure.get("code") if isinstance(failure, dict) else None
+                why = code if isinstance(code, str) else ""
+        self.transition(old.key, old.state.value, new.state.value, why)
 
     def info(self, message: str, **fields: Any) -> None:
         self._emit("info", {"message": message, **fields}, message)

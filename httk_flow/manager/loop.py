@@ -13,11 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from httk_flow.children import child_states
-from httk_flow.discovery import any_marker, walk_all
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.leases import FsClock, ManagerInfo, heartbeat_path, mark_stopped, write_heartbeat
-from httk_flow.maintenance import read_lock
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.inbox import RequestInbox
@@ -27,9 +23,19 @@ from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.passes import ClaimPass, PassContext, RecoveryPass, RegisterPass
-from httk_flow.names import RecordRef, to36
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.children import child_states
+from httk_flow.protocol.discovery import any_marker, walk_all
+from httk_flow.protocol.leases import (
+    FsClock,
+    ManagerInfo,
+    heartbeat_path,
+    mark_stopped,
+    write_heartbeat,
+)
+from httk_flow.protocol.maintenance import read_lock
+from httk_flow.protocol.names import RecordRef, to36
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 #: a second SIGTERM this soon after the first is the batch system repeating itself
 REPEAT_SIGNAL_WINDOW = 1.0
@@ -57,6 +63,7 @@ class Manager:
         self.id = "m" + to36(secrets.randbits(48))
         self.lease = config.lease or ws.policy.lease
         self.log = ManagerLog(self.id, config.log_format, enabled=config.verbose)
+        ws.on_transition.append(self.log.observe)  # one log line per transition, by itself
         self.started = self.clock()
         self._start_time = proc_start_time(os.getpid()) or 0
         self._last_beat = -1e18

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from httk_flow.leases import FsClock, Liveness, judge, scan_heartbeats, skew_bound
 from httk_flow.manager.log import ManagerLog
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.leases import FsClock, Liveness, judge, scan_heartbeats, skew_bound
+from httk_flow.protocol.workspace import Workspace
 
 
 class OwnerOracle:

@@ -12,22 +12,22 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from httk_flow.crash import crash_point
-from httk_flow.discovery import MarkerStream
 from httk_flow.errors import FlowError, TransitionConflict
-from httk_flow.jobs import fail, load_spec, register
-from httk_flow.jobspec import JobSpec
-from httk_flow.journal import Frame
 from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import group_alive, process_alive, signal_group
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
-from httk_flow.services import ServiceRegistry
-from httk_flow.states import State
-from httk_flow.transition import JobHandle, carry, transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.jobs import fail, load_spec, register
+from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.services import ServiceRegistry
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.workspace import Workspace
 
 
 class SpecCache(OrderedDict[str, JobSpec]):
@@ -93,7 +93,6 @@ class RegisterPass:
             except FlowError as e:
                 self.ctx.report_once(h.key, e.render())
                 continue
-            self.ctx.log.transition(h.key, "submitted", new.state.value)
             if new.state is State.READY:
                 self.on_ready(new)
             n += 1
@@ -202,7 +201,6 @@ class ClaimPass:
         except FlowError as e:
             try:
                 fail(ctx.ws, h, {}, "protocol_error", e.render(), actor=ctx.actor)
-                ctx.log.transition(h.key, "ready", "failed", "protocol_error")
             except FlowError:
                 ctx.report_once(h.key, e.render())
             return None
@@ -220,7 +218,7 @@ class ClaimPass:
         body["try"] = int(frame.get("try", 0)) + 1
         body["tries"] = attempt["n"]
         try:
-            claimed = transition(ctx.ws, h, State.CLAIMED, body, actor=ctx.actor)
+            claimed = transition(ctx.ws, h, State.CLAIMED, body, actor=ctx.actor, note="")
         except TransitionConflict:
             return None
         except FileNotFoundError:
@@ -230,7 +228,6 @@ class ClaimPass:
             if not is_transient(e):
                 self.unclaimable.add(h.key)  # a full disk passes; a damaged job does not
             return None
-        ctx.log.transition(h.key, "ready", "claimed")
         crash_point("claim.after_claim")
         return Claimed(claimed, spec, body, frame)
 
@@ -375,12 +372,12 @@ class RecoveryPass:
         if h.state is State.CLAIMED:
             body = carry(frame, why="released: owner gone", evidence=proof)
             body["try"] = max(0, int(frame.get("try", 1)) - 1)
-            transition(ctx.ws, h, State.READY, body, actor=ctx.actor)
-            ctx.log.transition(h.key, "claimed", "ready", f"owner {owner} {evidence}")
+            note = f"owner {owner} {evidence}"
+            transition(ctx.ws, h, State.READY, body, actor=ctx.actor, note=note)
         elif h.state is State.CANCELLING:
             body = carry(frame, attempt=att, why="cancelled", evidence=proof)
-            transition(ctx.ws, h, State.CANCELLED, body, actor=ctx.actor)
-            ctx.log.transition(h.key, "cancelling", "cancelled", f"owner {owner} {evidence}")
+            note = f"owner {owner} {evidence}"
+            transition(ctx.ws, h, State.CANCELLED, body, actor=ctx.actor, note=note)
         elif h.state is State.COMMITTING:
             self._count(self.committer.resume(h, frame, evidence=proof))
         elif h.state is State.RUNNING:

@@ -65,16 +65,16 @@ from typing import Any
 
 import orjson
 
-from httk_flow import jobs, names
-from httk_flow.children import child_id, child_placement
-from httk_flow.durations import parse_duration
 from httk_flow.errors import FlowError
-from httk_flow.journal import Frame
-from httk_flow.leases import heartbeat_path
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import JobHandle
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import jobs, names
+from httk_flow.protocol.children import child_id, child_placement
+from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.leases import heartbeat_path
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
 
 #: the tests directory, so that the manager tests' support module can be imported
 TESTS_DIR = str(Path(__file__).resolve().parent.parent)

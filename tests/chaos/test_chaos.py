@@ -28,10 +28,11 @@ from manager.support import (
     write_script,
 )
 
-from httk_flow import jobs
-from httk_flow.journal import Frame
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.ops import lookup
+from httk_flow.protocol import jobs
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 from .chaos import (
     AuditLine,
@@ -137,7 +138,7 @@ def _history(r: Report, kind: str) -> tuple[Expected, State, list[Frame]]:
     ws = Workspace.open(r.root)
     try:
         exp = next(e for e in r.expected if e.kind == kind)
-        h = jobs.find(ws, exp.key)
+        h = lookup.find(ws, exp.key)
         return exp, h.state, jobs.history(ws, h)
     finally:
         ws.close()
@@ -202,7 +203,7 @@ def test_the_audit_catches_a_duplicate_marker_and_a_lost_payload(
     try:
         parent = next(e for e in chaos_run.expected if e.kind == "fanout")
         kid = next(e for e in chaos_run.expected if e.parent == parent.id)
-        h = jobs.find(ws, parent.key)
+        h = lookup.find(ws, parent.key)
         dup = Path(ws.state_dir(State.FAILED, h.placement))
         dup.mkdir(parents=True, exist_ok=True)
         shutil.copy(h.path(ws), dup / h.marker.name)

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import orjson
-import pytest
 from click.testing import CliRunner
 
 from httk_flow.cli.main import cli
@@ -25,22 +24,6 @@ STATES = [
     "failed",
     "cancelled",
 ]
-
-
-@pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", "120")
-    monkeypatch.delenv("FLOW_WORKSPACE", raising=False)
-    return CliRunner()
-
-
-@pytest.fixture
-def ws(runner: CliRunner, tmp_path: Path) -> str:
-    path = str(tmp_path / "ws")
-    r = runner.invoke(cli, ["init", path])
-    assert r.exit_code == 0, r.output
-    return path
 
 
 def flow(runner: CliRunner, *args: str) -> tuple[int, str]:

@@ -12,13 +12,14 @@ from typing import Any
 import orjson
 from manager.support import JobInfo, job
 
-from httk_flow import jobs
 from httk_flow.errors import JobNotFound
-from httk_flow.journal import segment_name
-from httk_flow.names import Marker, RecordRef
-from httk_flow.states import State
-from httk_flow.transition import JobHandle
-from httk_flow.workspace import Workspace
+from httk_flow.ops import lookup
+from httk_flow.protocol import jobs
+from httk_flow.protocol.journal import segment_name
+from httk_flow.protocol.names import Marker, RecordRef
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
 
 #: the writer id of frames planted by hand (never a real writer's: those are random base36)
 PLANTED_WRITER = "hostileplanted"
@@ -108,7 +109,7 @@ def snapshot(directory: Path) -> dict[str, tuple[int, int, bool]]:
 
 
 def handle_of(ws: Workspace, job_id: str) -> JobHandle:
-    return jobs.find(ws, job_id)
+    return lookup.find(ws, job_id)
 
 
 def job_json(root: str, ws: Workspace, job_id: str) -> Path:
@@ -165,7 +166,7 @@ def current(root: str, ident: str) -> tuple[JobHandle, dict[str, Any]]:
     """A job's handle and the frame its marker names (its history may be unreadable)."""
     ws = Workspace.open(root)
     try:
-        h = jobs.find(ws, ident)
+        h = lookup.find(ws, ident)
         return h, ws.reader.read(h.marker.ref)
     finally:
         ws.close()
@@ -183,7 +184,7 @@ def handles(root: str) -> list[JobHandle]:
 def job_now(root: str, ident: str, tries: int = 50) -> JobInfo:
     """manager.support.job for a job a manager may be moving right now.
 
-    jobs.find lists the state kinds one after another, so a job that moves between two
+    lookup.find lists the state kinds one after another, so a job that moves between two
     listings is found twice and refused as ambiguous (see test_find_while_moving.py):
     look again, as a user would.
     """

@@ -30,8 +30,8 @@ from manager.support import (
     write_script,
 )
 
-from httk_flow.procs import group_members_alive
-from httk_flow.states import State
+from httk_flow.protocol.procs import group_members_alive
+from httk_flow.protocol.states import State
 
 from .support import job_now
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from helpers import wait_for
 from manager.support import Managers, flow, log_of, submit, write_script
 
-from httk_flow.procs import group_members_alive, process_alive
-from httk_flow.states import State
+from httk_flow.protocol.procs import group_members_alive, process_alive
+from httk_flow.protocol.states import State
 
 from .support import job_now
 

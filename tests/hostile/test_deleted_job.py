@@ -12,7 +12,7 @@ import pytest
 from helpers import wait_for
 from manager.support import Managers, OrphanReaper, job, make_workspace, submit, write_script
 
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import current, job_now, problems
 

@@ -18,11 +18,11 @@ import pytest
 from helpers import fill_disk, small_tmpfs
 
 from httk_flow.errors import FlowError
-from httk_flow.journal import JournalReader, JournalWriter, iter_segment
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.journal import JournalReader, JournalWriter, iter_segment
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import transition
+from httk_flow.protocol.workspace import Workspace
 
 from .support import handles
 
@@ -128,7 +128,7 @@ RLIMIT_CHILD = textwrap.dedent(
     import os, resource, signal, sys
     import orjson
     from httk_flow.errors import FlowError
-    from httk_flow.journal import JournalWriter
+    from httk_flow.protocol.journal import JournalWriter
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, 20 * 1024))
     w = JournalWriter(sys.argv[1], durable=False, segment_bytes=1 << 30)

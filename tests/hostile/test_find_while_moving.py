@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from manager.support import submit, write_script
 
-from httk_flow import jobs
-from httk_flow.fsio import FileSystem, set_filesystem
-from httk_flow.states import State
-from httk_flow.transition import transition
-from httk_flow.workspace import Workspace
+from httk_flow.ops import lookup
+from httk_flow.protocol.fsio import FileSystem, set_filesystem
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import transition
+from httk_flow.protocol.workspace import Workspace
 
 from .support import handle_of
 
@@ -50,7 +50,7 @@ def test_a_job_moving_while_it_is_looked_up_is_found_once(
 
         monkeypatch.setattr(os, "listdir", listdir)
         set_filesystem(Moving())
-        found = jobs.find(ws, jid)
+        found = lookup.find(ws, jid)
         assert moved
         assert found.key == h.key
     finally:

@@ -14,12 +14,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from httk_flow import jobs
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import jobs
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.workspace import Workspace
 
 from .tally import tried
 from .test_fuzz_parsers import VALID_JOB, fuzz, values

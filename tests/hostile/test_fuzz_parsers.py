@@ -18,7 +18,6 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from httk_flow import bulk, names, requests
 from httk_flow.cli.main import cli
 from httk_flow.errors import (
     CorruptRecord,
@@ -29,13 +28,15 @@ from httk_flow.errors import (
     UsageError,
     WorkspaceError,
 )
-from httk_flow.jobspec import JobSpec, Program
-from httk_flow.journal import JournalReader, check_frame, iter_segment
-from httk_flow.leases import ManagerInfo
-from httk_flow.names import Marker, RecordRef
-from httk_flow.outcome import Outcome, parse_outcome, read_outcome
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.workspace import Policy, Workspace, WorkspaceFormat
+from httk_flow.ops import bulk
+from httk_flow.protocol import names, requests
+from httk_flow.protocol.jobspec import JobSpec, Program
+from httk_flow.protocol.journal import JournalReader, check_frame, iter_segment
+from httk_flow.protocol.leases import ManagerInfo
+from httk_flow.protocol.names import Marker, RecordRef
+from httk_flow.protocol.outcome import Outcome, parse_outcome, read_outcome
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.workspace import Policy, Workspace, WorkspaceFormat
 
 from .tally import tried
 

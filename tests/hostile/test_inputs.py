@@ -18,7 +18,7 @@ import pytest
 from manager.support import FLOW
 
 from httk_flow.errors import UsageError
-from httk_flow.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inputs, parse_size
+from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inputs, parse_size
 
 #: a hung submission must fail the test, not hang the suite
 TIMEOUT = 30

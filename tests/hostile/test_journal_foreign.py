@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from manager.support import Managers, flow, log_of, submit, write_script
 
 from httk_flow.cli.main import cli
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import handles
 

@@ -23,9 +23,9 @@ from manager.support import (
     write_script,
 )
 
-from httk_flow.names import Marker, RecordRef, new_id
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.names import Marker, RecordRef, new_id
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 from .support import (
     HOSTILE,

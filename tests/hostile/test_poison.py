@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from manager.support import ManagerProcess, Managers, flow, job, submit, write_script
 
-from httk_flow import outcome
 from httk_flow.errors import FlowError, InvalidOutcome
-from httk_flow.fsio import FileSystem
-from httk_flow.names import Marker, RecordRef
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import outcome
+from httk_flow.protocol.fsio import FileSystem
+from httk_flow.protocol.names import Marker, RecordRef
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 from .support import (
     HOSTILE,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from manager.support import Managers, OrphanReaper, job, make_workspace, submit, write_script
 
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 from .support import HOSTILE, current, handle_of, handles, job_json, problems, snapshot
 

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from helpers import wait_for
 from manager.support import Managers, OrphanReaper, job, make_workspace, submit, write_script
 
-from httk_flow import requests
 from httk_flow.cli.main import cli
-from httk_flow.leases import ManagerInfo, write_heartbeat
-from httk_flow.states import State
-from httk_flow.transition import locate_key
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import requests
+from httk_flow.protocol.leases import ManagerInfo, write_heartbeat
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import locate_key
+from httk_flow.protocol.workspace import Workspace
 
 from .support import HOSTILE, handle_of, handles, job_now, plant_frame, snapshot
 

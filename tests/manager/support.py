@@ -19,19 +19,21 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+from helpers import processes, processes_with_env
 
-from httk_flow import jobs
-from httk_flow.journal import Frame
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import JobHandle
-from httk_flow.workspace import Workspace
+from httk_flow.ops import lookup
+from httk_flow.protocol import jobs
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
 
 FLOW = [sys.executable, "-m", "httk_flow"]
 #: `flow` in a process whose host name is argv[1]: a manager "on another host"
@@ -170,7 +172,7 @@ class JobInfo:
     @property
     def attempts(self) -> list[dict[str, Any]]:
         """One entry per launched attempt, oldest first (as `flow show` reports them)."""
-        return jobs.JobView(self.handle, None, None, self.last, self.frames).attempts
+        return lookup.JobView(self.handle, None, None, self.last, self.frames).attempts
 
     def commits(self) -> list[Frame]:
         """Frames that end a commit (committing -> anything but committing), oldest first."""
@@ -187,7 +189,7 @@ class JobInfo:
 def job(root: str, ident: str) -> JobInfo:
     ws = Workspace.open(root)
     try:
-        h = jobs.find(ws, ident)
+        h = lookup.find(ws, ident)
         return JobInfo(h, jobs.history(ws, h))
     finally:
         ws.close()
@@ -255,6 +257,11 @@ class OrphanReaper:
         self._thread.start()
         return self
 
+    def start(self) -> None:
+        """Enter for the rest of the process (a session-wide reaper); idempotent."""
+        if self._thread is None:
+            self.__enter__()
+
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -263,6 +270,7 @@ class OrphanReaper:
         while self.orphans() and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.02)
+        self._thread = None
         self._libc.prctl(self.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
     def _loop(self) -> None:
@@ -273,7 +281,7 @@ class OrphanReaper:
     def orphans() -> list[tuple[int, str]]:
         """(pid, state) of every child of ours outside our process group."""
         me, my_group = os.getpid(), os.getpgrp()
-        return [(p, st) for p, pp, g, st in _processes() if pp == me and g != my_group]
+        return [(p.pid, p.state) for p in processes() if p.ppid == me and p.pgid != my_group]
 
     def reap(self) -> None:
         for pid, state in self.orphans():
@@ -282,35 +290,9 @@ class OrphanReaper:
                     os.waitpid(pid, os.WNOHANG)
 
 
-def _processes() -> Iterable[tuple[int, int, int, str]]:
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        with contextlib.suppress(IndexError, ValueError):
-            yield int(name), int(fields[1]), int(fields[2]), fields[0].decode()
-
-
 def processes_of(root: str) -> list[int]:
     """Pids of attempt processes (and their children) serving jobs of workspace `root`."""
-    needle = f"FLOW_WORKSPACE_DIR={root}\0".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                env = fh.read()
-        except OSError:
-            continue
-        if needle in env:
-            out.append(int(name))
-    return out
+    return processes_with_env(f"FLOW_WORKSPACE_DIR={root}")
 
 
 class ManagerProcess(subprocess.Popen[bytes]):
@@ -470,7 +452,7 @@ def locate(root: str, placement: str, key: str) -> tuple[State, str] | None:
 
 def frame_named(root: str, marker_name: str) -> Frame:
     """The journal frame a marker name refers to."""
-    from httk_flow.names import Marker
+    from httk_flow.protocol.names import Marker
 
     ws = Workspace.open(root)
     try:
@@ -513,6 +495,11 @@ class MarkerWatch:
         self._thread = threading.Thread(target=self._loop, name="marker-watch", daemon=True)
         self._thread.start()
         return self
+
+    def start(self) -> None:
+        """Enter for the rest of the process (a session-wide reaper); idempotent."""
+        if self._thread is None:
+            self.__enter__()
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from httk_flow import crash, names
-from httk_flow.states import State
+from httk_flow.protocol import crash, names
+from httk_flow.protocol.states import State
 
 from .support import (
     FAMILY,

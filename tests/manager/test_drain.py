@@ -11,7 +11,7 @@ import pytest
 from helpers import wait_for
 
 from httk_flow.manager.loop import REPEAT_SIGNAL_WINDOW
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import (
     ManagerProcess,

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import FAMILY, JobInfo, Managers, children_of, dump, job, submit, write_script
 

@@ -29,11 +29,11 @@ from hostile.test_clock_skew import (
     untouched,
 )
 
-from httk_flow.leases import FsClock, ManagerInfo, read_managers, write_heartbeat
 from httk_flow.manager.owners import OwnerOracle
-from httk_flow.procs import proc_start_time
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.leases import FsClock, ManagerInfo, read_managers, write_heartbeat
+from httk_flow.protocol.procs import proc_start_time
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 from .support import FLOW, ManagerProcess, Managers, dump, flow, job, log_of
 
@@ -42,7 +42,7 @@ HOURS = 2 * 3600.0
 #: `flow` whose heartbeat renames take 0.3 s (a slow shared filesystem)
 SLOW_HEARTBEATS = (
     "import os, time\n"
-    "from httk_flow import fsio\n"
+    "from httk_flow.protocol import fsio\n"
     "class Slow(fsio.FileSystem):\n"
     "    def rename(self, src, dst):\n"
     "        if dst.endswith('heartbeat.json'):\n"
@@ -176,8 +176,8 @@ def test_a_heartbeat_slower_than_a_sixth_of_the_lease_refuses_to_start(tmp_path:
 #: the filesystem's time, the shared clock and the skew as a faked process measures them
 MEASURE = (
     "import json, sys, time\n"
-    "from httk_flow.leases import FsClock, fs_now\n"
-    "from httk_flow.workspace import Workspace\n"
+    "from httk_flow.protocol.leases import FsClock, fs_now\n"
+    "from httk_flow.protocol.workspace import Workspace\n"
     "ws = Workspace.open(sys.argv[1])\n"
     "c = FsClock(ws)\n"
     "print(json.dumps({'fs': fs_now(ws), 'shared': c.now(), 'skew': c.skew,"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import (
     THREE_STEPS,

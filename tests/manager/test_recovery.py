@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from helpers import wait_for
+from helpers import proc, wait_for
 
 from httk_flow.manager.launcher import group_alive, proc_start_time, process_alive
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import (
     Managers,
@@ -137,9 +137,9 @@ def zombie(*, own_group: bool) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as fh:
-        data = fh.read()
-    return data[data.rfind(b")") + 2 :].split()[0].decode()
+    p = proc(pid)
+    assert p is not None, f"process {pid} is gone"
+    return p.state
 
 
 def test_an_exited_but_unreaped_process_is_not_alive() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import fill_disk, small_tmpfs, wait_for
 
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import (
     Managers,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import Managers, committed, dump, job, submit, write_script
 

@@ -1,7 +1,7 @@
 """FileSystem subclasses that model what a process sees of a shared (NFS) filesystem.
 
 These machines cannot mount NFS, so its hazards are injected at the one seam every
-protocol rename, listing and read goes through (httk_flow.fsio.fs):
+protocol rename, listing and read goes through (httk_flow.protocol.fsio.fs):
 
 - LateNames: a name created by someone else appears in our listings only some time after
   we first could have seen it (directory attribute caching);
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from httk_flow.fsio import FileSystem
+from httk_flow.protocol.fsio import FileSystem
 
 Clock = Callable[[], float]
 

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import faultfs
 
-from httk_flow.fsio import FileSystem, set_filesystem
+from httk_flow.protocol.fsio import FileSystem, set_filesystem
 
 
 def model(spec: dict[str, object]) -> FileSystem:

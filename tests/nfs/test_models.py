@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from httk_flow import jobs
-from httk_flow.discovery import walk_all
 from httk_flow.errors import FlowError, TransitionConflict
-from httk_flow.fsio import FileSystem, set_filesystem
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.loop import Manager
 from httk_flow.manager.passes import ClaimPass, PassContext
-from httk_flow.states import State
-from httk_flow.submit import SubmitRequest, Submitter
-from httk_flow.transition import transition
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import jobs
+from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.fsio import FileSystem, fs, set_filesystem
+from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import SubmitRequest, Submitter
+from httk_flow.protocol.transition import transition
+from httk_flow.protocol.workspace import Workspace
 
 from .faultfs import LateNames, LingeringNames, LyingRenames, StaleHandles, markers_only
 
@@ -254,7 +254,7 @@ def test_an_estale_read_of_an_open_file_is_retried(
     path.write_bytes(b'{"a": 1}')
     calls: list[int] = []
     monkeypatch.setattr(os, "read", _estale_once(os.read, calls))
-    assert FileSystem().read_bytes(str(path), 1024) == b'{"a": 1}'
+    assert fs.read_bytes(str(path), 1024) == b'{"a": 1}'
     assert len(calls) == 2
 
 
@@ -263,7 +263,7 @@ def test_an_estale_open_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     path.write_bytes(b'{"a": 1}')
     calls: list[int] = []
     monkeypatch.setattr(os, "open", _estale_once(os.open, calls))
-    assert FileSystem().read_bytes(str(path), 1024) == b'{"a": 1}'
+    assert fs.read_bytes(str(path), 1024) == b'{"a": 1}'
 
 
 def test_a_manager_converges_through_renames_that_all_lie(root: str, program: str) -> None:

@@ -23,9 +23,9 @@ from manager.support import (
     write_script,
 )
 
-from httk_flow import jobs
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol import jobs
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 NFS_FLOW = str(Path(__file__).with_name("nfs_flow.py"))
 
@@ -137,8 +137,8 @@ def test_a_manager_seen_late_keeps_its_running_job(
 def test_the_late_model_reaches_the_oracle(root: str, scripts: Path) -> None:
     """Sanity check of the model the test above relies on: a manager directory created
     after the first listing is hidden from read_managers for the delay."""
-    from httk_flow.fsio import set_filesystem
-    from httk_flow.leases import read_managers
+    from httk_flow.protocol.fsio import set_filesystem
+    from httk_flow.protocol.leases import read_managers
 
     from .faultfs import LateNames
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from helpers import plant_marker
 
-from httk_flow.children import child_placement, child_states
-from httk_flow.discovery import MarkerStream, count_markers
-from httk_flow.fsio import fs, set_filesystem
-from httk_flow.leases import read_managers
-from httk_flow.states import State
-from httk_flow.transition import locate_key
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.children import child_placement, child_states
+from httk_flow.protocol.discovery import MarkerStream, count_markers
+from httk_flow.protocol.fsio import READ_ATTEMPTS, FileSystem, fs, set_filesystem
+from httk_flow.protocol.leases import read_managers
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import locate_key
+from httk_flow.protocol.workspace import Workspace
 
 from .faultfs import LateNames, Recorder
 
@@ -115,3 +118,58 @@ def test_a_model_installed_at_the_seam_delays_what_discovery_finds(tmp_path: Pat
     assert locate_key(ws, h.placement, h.key) == h
     stream.close()
     ws.close()
+
+
+class _StaleTimes(FileSystem):
+    """Every read_bytes fails with ESTALE until `n` have failed; then reads succeed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.opens = 0
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        self.opens += 1
+        if self.opens <= self.n:
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), path)
+        return super().read_bytes(path, limit)
+
+
+@pytest.mark.parametrize("n", range(READ_ATTEMPTS))
+def test_a_read_through_the_seam_retries_estale(tmp_path: Path, n: int) -> None:
+    path = tmp_path / "job.json"
+    path.write_bytes(b'{"a": 1}')
+    model = _StaleTimes(n)
+    set_filesystem(model)
+    assert fs.read_bytes(str(path), 1024) == b'{"a": 1}'
+    assert model.opens == n + 1
+
+
+def test_estale_is_final_after_a_bounded_number_of_opens(tmp_path: Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_bytes(b'{"a": 1}')
+    model = _StaleTimes(1000)
+    set_filesystem(model)
+    with pytest.raises(OSError) as e:
+        fs.read_bytes(str(path), 1024)
+    assert e.value.errno == errno.ESTALE
+    assert model.opens == READ_ATTEMPTS  # one loop: never attempts x attempts
+
+
+def test_a_real_estale_open_is_retried_by_the_one_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "job.json"
+    path.write_bytes(b'{"a": 1}')
+    set_filesystem(FileSystem())
+    real, opens = os.open, []
+
+    def stale_open(*args: Any) -> int:
+        opens.append(1)
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    monkeypatch.setattr(os, "open", stale_open)
+    with pytest.raises(OSError):
+        fs.read_bytes(str(path), 1024)
+    assert len(opens) == READ_ATTEMPTS
+    monkeypatch.setattr(os, "open", real)
+    assert fs.read_bytes(str(path), 1024) == b'{"a": 1}'

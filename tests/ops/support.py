@@ -7,7 +7,6 @@ through tests/manager/support.py's Managers (with its OrphanReaper as the subrea
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import orjson
 from click.testing import CliRunner, Result
+from helpers import processes
 
 from httk_flow.cli.main import cli
 
@@ -148,22 +148,12 @@ def holds(predicate: Callable[[], object], seconds: float, interval: float = 0.1
 
 def live_processes(pids: set[int] | None = None, pgid: int | None = None) -> list[int]:
     """Pids (from `pids`, or of process group `pgid`) that exist and are not zombies."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        state, group = fields[0].decode(), int(fields[2])
-        if state == "Z":
-            continue
-        if (pids is not None and int(name) in pids) or (pgid is not None and group == pgid):
-            out.append(int(name))
-    return out
+    return [
+        p.pid
+        for p in processes()
+        if p.state != "Z"
+        and ((pids is not None and p.pid in pids) or (pgid is not None and p.pgid == pgid))
+    ]
 
 
 def follow(root: str, ident: str, out: Path) -> subprocess.Popen[bytes]:

@@ -19,15 +19,16 @@ import pytest
 from click.testing import CliRunner
 from manager.support import Managers, submit
 
-from httk_flow import leases, steering
 from httk_flow.cli.main import cli as cli_main
-from httk_flow.discovery import MarkerStream
-from httk_flow.fsck import Fsck
-from httk_flow.leases import ManagerInfo
-from httk_flow.names import Marker, RecordRef
-from httk_flow.states import State
-from httk_flow.transition import locate_key, transition
-from httk_flow.workspace import Workspace
+from httk_flow.ops import steering
+from httk_flow.ops.fsck import Fsck
+from httk_flow.protocol import leases
+from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.leases import ManagerInfo
+from httk_flow.protocol.names import Marker, RecordRef
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import locate_key, transition
+from httk_flow.protocol.workspace import Workspace
 
 from .support import FLOW, Flow, patch_policy
 
@@ -234,7 +235,7 @@ def fsck_while(
     ws = Workspace.open(root)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("httk_flow.fsck.MarkerStream", Choreographed)
+            mp.setattr("httk_flow.ops.fsck.MarkerStream", Choreographed)
             report = Fsck(ws, repair=repair).run()
     finally:
         ws.close()

@@ -13,12 +13,12 @@ import pytest
 from helpers import wait_for
 from manager.support import Managers, log_of
 
-from httk_flow import steering
-from httk_flow.discovery import MarkerStream
-from httk_flow.gc import collect
-from httk_flow.states import State
-from httk_flow.transition import locate_key
-from httk_flow.workspace import Workspace
+from httk_flow.ops import steering
+from httk_flow.ops.gc import collect
+from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import locate_key
+from httk_flow.protocol.workspace import Workspace
 
 from .support import SUCCEEDS_AT, Flow, patch_policy, wait_state, write_script
 
@@ -144,7 +144,7 @@ def gc_while(root: str, after: State, move: Callable[[Workspace], None]) -> None
     ws = Workspace.open(root)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("httk_flow.discovery.MarkerStream", Choreographed)
+            mp.setattr("httk_flow.protocol.discovery.MarkerStream", Choreographed)
             collect(ws, dry_run=False)
     finally:
         ws.close()

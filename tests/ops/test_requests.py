@@ -13,8 +13,9 @@ import pytest
 from helpers import wait_for
 from manager.support import ManagerProcess, Managers, log_of
 
-from httk_flow import jobs, requests
-from httk_flow.workspace import Workspace
+from httk_flow.ops import lookup
+from httk_flow.protocol import requests
+from httk_flow.protocol.workspace import Workspace
 
 from .support import (
     ADVANCE_ON_RELEASE,
@@ -41,7 +42,7 @@ def make_ready(flow: Flow, managers: Managers) -> None:
 def request_for(root: str, ident: str, op: str, *, gen_back: int = 0, **kw: int) -> str:
     """Write a request as the CLI would for a running job, `gen_back` generations ago."""
     ws = Workspace.open(root)
-    h = jobs.find(ws, ident)
+    h = lookup.find(ws, ident)
     if gen_back:
         h = dataclasses.replace(
             h, marker=dataclasses.replace(h.marker, generation=h.marker.generation - gen_back)

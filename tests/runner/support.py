@@ -9,13 +9,11 @@ subreaper (OrphanReaper) rather than letting zombies look like live attempts.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +21,16 @@ from typing import Any
 
 import orjson
 
-from httk_flow import jobs
-from httk_flow.journal import Frame
-from httk_flow.states import State
-from httk_flow.transition import JobHandle
-from httk_flow.workspace import Workspace
+# one reaper and one process reader for every suite
+from manager.support import OrphanReaper as OrphanReaper
+from manager.support import processes_of
+
+from httk_flow.ops import lookup
+from httk_flow.protocol import jobs
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
 
 FLOW = [sys.executable, "-m", "httk_flow"]
 REPO = Path(__file__).resolve().parents[2]
@@ -194,7 +197,7 @@ class Bench:
     def job(self, ident: str) -> Job:
         ws = Workspace.open(self.root)
         try:
-            h = jobs.find(ws, ident)
+            h = lookup.find(ws, ident)
             return Job(h, jobs.history(ws, h), Path(ws.job_dir(h.placement, h.key)))
         finally:
             ws.close()
@@ -238,59 +241,3 @@ def bash(
         cwd=cwd,
         timeout=timeout,
     )
-
-
-def processes_of(root: str) -> list[int]:
-    """Pids of attempt processes serving jobs of workspace `root`."""
-    needle = f"FLOW_WORKSPACE_DIR={root}\0".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                if needle in fh.read():
-                    out.append(int(name))
-        except OSError:
-            continue
-    return out
-
-
-class OrphanReaper:
-    """Makes this process the subreaper of orphaned attempts and reaps them as they die.
-
-    Only zombies in another process group are reaped: attempts run in groups of their
-    own, while what a test starts itself stays in ours and is waited for by its Popen.
-    """
-
-    PR_SET_CHILD_SUBREAPER = 36
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(self.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        self._thread = threading.Thread(target=self._loop, name="runner-reaper", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            threading.Event().wait(0.05)
-            me, group = os.getpid(), os.getpgrp()
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{name}/stat", "rb") as fh:
-                        data = fh.read()
-                except OSError:
-                    continue
-                fields = data[data.rfind(b")") + 2 :].split()
-                if len(fields) < 3 or fields[0] != b"Z":
-                    continue
-                if int(fields[1]) == me and int(fields[2]) != group:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(int(name), os.WNOHANG)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import Bench, Job
 

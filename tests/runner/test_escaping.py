@@ -14,7 +14,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from httk_flow.outcome import MAX_MESSAGE, read_outcome
+from httk_flow.protocol.outcome import MAX_MESSAGE, read_outcome
 
 from .support import Bench, bash
 

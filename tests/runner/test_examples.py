@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from httk_flow.states import State
+from httk_flow.protocol.states import State
 
 from .support import EXAMPLES, Bench
 

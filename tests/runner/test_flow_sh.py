@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from httk_flow.errors import InvalidOutcome
-from httk_flow.outcome import Action, JoinMode, read_outcome
+from httk_flow.protocol.outcome import Action, JoinMode, read_outcome
 
 from .support import FLOW_SH, bash
 

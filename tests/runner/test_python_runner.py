@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from httk_flow.errors import InvalidOutcome
-from httk_flow.outcome import Action, JoinMode, read_outcome
+from httk_flow.protocol.outcome import Action, JoinMode, read_outcome
+from httk_flow.protocol.states import State
 from httk_flow.runner import Child, DuplicateOutcome, Runner, RunnerError
-from httk_flow.states import State
 
 from .support import Bench
 

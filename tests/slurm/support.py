@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from httk_flow.allocations import AllocationStore
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.workspace import Workspace
+from httk_flow.scale.allocations import AllocationStore
 
 REPO = Path(__file__).resolve().parents[2]
 #: where the cluster scripts live: beside this file (the project carries them), or where

@@ -14,11 +14,11 @@ import pytest
 from helpers import wait_for
 from manager.support import Managers, all_jobs, committed, dump, flow, job, submit, write_script
 
-from httk_flow.allocations import AllocationStore, AllocPhase, Reconciler, ScaleSettings
-from httk_flow.backends.slurm import BACKEND
-from httk_flow.leases import read_managers
-from httk_flow.states import State
-from httk_flow.workspace import Workspace
+from httk_flow.protocol.leases import read_managers
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
+from httk_flow.scale.allocations import AllocationStore, AllocPhase, Reconciler, ScaleSettings
+from httk_flow.scale.backends.slurm import BACKEND
 
 from .support import Cluster
 

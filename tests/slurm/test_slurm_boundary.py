@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from httk_flow.backends.base import AllocationRequest, BackendUnavailable, Outcome, Phase
-from httk_flow.backends.slurm import BACKEND, COMMANDS, SUBMIT_ARG_FLAGS, SlurmBackend
-from httk_flow.backends.slurm.commands import CommandResult, run_command
-from httk_flow.backends.slurm.parse import (
+from httk_flow.scale.backends.base import AllocationRequest, BackendUnavailable, Outcome, Phase
+from httk_flow.scale.backends.slurm import BACKEND, COMMANDS, SUBMIT_ARG_FLAGS, SlurmBackend
+from httk_flow.scale.backends.slurm.commands import CommandResult, run_command
+from httk_flow.scale.backends.slurm.parse import (
     observation,
     parse_end_time,
     parse_job_id,
     parse_scontrol,
     parse_squeue,
 )
-from httk_flow.backends.slurm.script import batch_script, check_request, sbatch_argv
+from httk_flow.scale.backends.slurm.script import batch_script, check_request, sbatch_argv
 
 DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
 SCONTROL = (
@@ -56,7 +56,7 @@ def request(**kw: object) -> AllocationRequest:
 
 
 def test_the_backend_is_found_with_its_command_and_submission_flag() -> None:
-    from httk_flow import backends
+    from httk_flow.scale import backends
 
     assert backends.get("slurm") is BACKEND
     assert [c.name for c in COMMANDS] == ["sbatch"]

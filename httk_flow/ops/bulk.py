@@ -1,0 +1,166 @@
+"""Bulk submission input: `--array` ranges and `--from FILE.jsonl` lines into SubmitRequests."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import orjson
+
+from httk_flow.errors import FlowError, UsageError
+from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.submit import SubmitRequest
+
+#: members a line of a --from file may carry (CLI.md), plus a few of ours
+LINE_KEYS = frozenset(
+    "name tag step params priority placement pool requires time retries args "
+    "program inputs workdir require_outcome".split()
+)
+MAX_ARRAY = 10_000_000
+
+
+#: one item of an --array list: an index, or a range with an optional step
+_ARRAY_ITEM = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+_ARRAY_FORMS = "write e.g. 1-100, 1-9:2, 1,3,5 or 1-3,7,10-20:5"
+
+
+def parse_array(spec: str) -> list[range]:
+    """`--array` forms (as batch systems write job arrays) into ranges, in the order written.
+
+    A comma-separated list of items, each `N`, `START-END` or `START-END:STEP`.
+    Refused: an empty list or item, END < START, STEP 0, an index given twice (an
+    overlap of two items), more than MAX_ARRAY indices, and a `%N` throttle.
+    """
+    obj = f"--array {spec!r}"
+    text = spec.strip()
+    if "%" in text:
+        raise UsageError(
+            "throttling with %N is not supported",
+            obj=obj,
+            hint="submit the jobs in parts (e.g. --array 1-50, later --array 51-100) "
+            "or list them in a file for --from",
+        )
+    if not text:
+        raise UsageError("is empty", obj=obj, hint=_ARRAY_FORMS)
+    ranges: list[range] = []
+    total = 0
+    for item in text.split(","):
+        m = _ARRAY_ITEM.fullmatch(item.strip())
+        if not m:
+            what = "an empty item" if not item.strip() else f"{item.strip()!r}"
+            raise UsageError(
+                f"has {what}, not N, START-END or START-END:STEP", obj=obj, hint=_ARRAY_FORMS
+            )
+        start = int(m.group(1))
+        end = int(m.group(2)) if m.group(2) else start
+        step = int(m.group(3)) if m.group(3) else 1
+        if end < start:
+            raise UsageError(
+                f"range {item.strip()!r} ends before it starts",
+                obj=obj,
+                hint="write START-END with START <= END",
+            )
+        if step < 1:
+            raise UsageError(
+                f"range {item.strip()!r} has step 0", obj=obj, hint="a STEP is 1 or more"
+            )
+        r = range(start, end + 1, step)
+        total += len(r)
+        if total > MAX_ARRAY:
+            raise UsageError(f"has more than {MAX_ARRAY} indices", obj=obj, hint="submit in parts")
+        ranges.append(r)
+    dup = _first_duplicate(ranges)
+    if dup is not None:
+        raise UsageError(f"gives index {dup} more than once", obj=obj, hint="list every index once")
+    return ranges
+
+
+def _first_duplicate(ranges: list[range]) -> int | None:
+    """The smallest index two of the ranges share, or None."""
+    found: int | None = None
+    for i, a in enumerate(ranges):
+        for b in ranges[i + 1 :]:
+            lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
+            if lo > hi:
+                continue
+            small, big = (a, b) if len(a) <= len(b) else (b, a)
+            # walk the sparser range over the shared span; `in` on a range is O(1)
+            first = small.start + -(-(lo - small.start) // small.step) * small.step
+            for x in range(first, hi + 1, small.step):
+                if x in big:
+                    if found is None or x < found:
+                        found = x
+                    break
+    return found
+
+
+def array_requests(base: SubmitRequest, indices: Iterable[range]) -> Iterator[SubmitRequest]:
+    for r in indices:
+        for i in r:
+            yield dataclasses.replace(base, array_index=i, params=dict(base.params))
+
+
+def jsonl_requests(
+    stream: Iterable[bytes], base: SubmitRequest, where: str
+) -> Iterator[SubmitRequest]:
+    """One request per non-blank line; a bad line raises UsageError naming file:line."""
+    for lineno, raw in enumerate(stream, 1):
+        if not raw.strip():
+            continue
+        obj = f"{where}:{lineno}"
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise UsageError(f"is not valid JSON ({e})", obj=obj) from None
+        if not isinstance(data, dict):
+            raise UsageError("is not a JSON object", obj=obj)
+        yield _line(data, base, obj)
+
+
+def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
+    unknown = sorted(set(data) - LINE_KEYS)
+    if unknown:
+        raise UsageError(
+            f"has unknown key(s) {', '.join(unknown)}",
+            obj=obj,
+            hint=f"allowed: {' '.join(sorted(LINE_KEYS))}",
+        )
+    req = dataclasses.replace(base, params=dict(base.params), origin=obj)
+    try:
+        for k, v in data.items():
+            if k == "time":
+                if isinstance(v, str):
+                    req.time = parse_duration(v, "time")
+                elif isinstance(v, int | float) and not isinstance(v, bool):
+                    req.time = float(v)
+                else:
+                    raise UsageError("must be seconds or a duration string", obj="time")
+            elif k == "params":
+                if not isinstance(v, dict):
+                    raise UsageError("must be an object", obj="params")
+                req.params.update(v)
+            elif k in ("args", "requires", "inputs"):
+                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                    raise UsageError("must be a list of strings", obj=k)
+                setattr(req, k, list(v))
+            elif k in ("priority", "retries"):
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise UsageError("must be an integer", obj=k)
+                setattr(req, k, v)
+            elif k == "require_outcome":
+                if not isinstance(v, bool):
+                    raise UsageError("must be true or false", obj=k)
+                req.require_outcome = v
+            elif k == "workdir":
+                if v not in ("persistent", "isolated"):
+                    raise UsageError("must be persistent or isolated", obj=k)
+                req.workdir = v
+            else:
+                if not isinstance(v, str):
+                    raise UsageError("must be a string", obj=k)
+                setattr(req, k, v)
+    except FlowError as e:
+        raise UsageError(e.render(), obj=obj) from None
+    return req

@@ -1,0 +1,207 @@
+"""`flow gc`: collect what the retention policy lets go.
+
+Old attempt directories of finished jobs (the last attempt of each job is kept for
+`flow logs`), journal segments that no marker's history reaches any more, the
+directories of managers long stopped, and old retirement records of requests. Never a
+persistent workdir, never a live attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import time
+from dataclasses import dataclass, field
+
+from filelock import FileLock, Timeout
+
+from httk_flow.errors import FlowError, UsageError
+from httk_flow.protocol import requests
+from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.journal import iter_segment, segment_name
+from httk_flow.protocol.leases import read_managers
+from httk_flow.protocol.names import RecordRef
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import locate_key
+from httk_flow.protocol.workspace import Workspace
+
+DAY = 86400.0
+FINISHED = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+
+@dataclass
+class Collected:
+    kind: str
+    path: str
+    bytes: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "path": self.path, "bytes": self.bytes}
+
+
+@dataclass
+class GcReport:
+    dry_run: bool
+    items: list[Collected] = field(default_factory=list)
+    kept_segments: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+
+def _size(path: str) -> int:
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+        del dirs
+    return total
+
+
+def collect(ws: Workspace, *, dry_run: bool, now: float | None = None) -> GcReport:
+    now = time.time() if now is None else now
+    report = GcReport(dry_run)
+    lock = FileLock(os.path.join(ws.flow, "fsck.lock"))
+    try:
+        with lock.acquire(timeout=0):
+            _attempts(ws, report, now)
+            _segments(ws, report, now)
+            _managers(ws, report, now)
+            _requests(ws, report, now)
+    except Timeout:
+        raise UsageError(
+            "another fsck or gc is running on this host",
+            obj="flow gc",
+            hint="wait for it to finish",
+        ) from None
+    return report
+
+
+def _remove(report: GcReport, kind: str, path: str, *, is_dir: bool) -> None:
+    size = _size(path) if is_dir else os.lstat(path).st_size
+    report.items.append(Collected(kind, path, size))
+    if report.dry_run:
+        return
+    if is_dir:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _attempts(ws: Workspace, report: GcReport, now: float) -> None:
+    horizon = now - ws.policy.keep_attempts_days * DAY
+    for st in FINISHED:
+        for h in walk_all(ws, st):
+            try:
+                ended = float(ws.reader.read(h.marker.ref).get("t", now))
+            except (FlowError, TypeError, ValueError):
+                continue
+            if ended > horizon:
+                continue
+            adir = os.path.join(ws.job_dir(h.placement, h.key), "attempts")
+            try:
+                names = sorted(
+                    (n for n in os.listdir(adir) if n[:1] == "a" and n[1:].isdigit()),
+                    key=lambda n: int(n[1:]),
+                )
+            except OSError:
+                continue
+            for n in names[:-1]:  # the last attempt stays for `flow logs`
+                _remove(report, "attempt", os.path.join(adir, n), is_dir=True)
+
+
+def _segments(ws: Workspace, report: GcReport, now: float) -> None:
+    """Delete old segments no job's history reaches (every marker's chain is walked)."""
+    reachable: set[tuple[str, int]] = set()
+    for st in State:
+        for h in walk_all(ws, st):
+            ref: RecordRef | None = h.marker.ref
+            while ref is not None:
+                reachable.add((ref.writer, ref.segment))
+                try:
+                    prev = ws.reader.read(ref).get("prev")
+                except FlowError:
+                    break
+                ref = RecordRef.parse(prev) if isinstance(prev, str) else None
+    horizon = now - ws.policy.keep_journal_days * DAY
+    try:
+        writers = list(os.scandir(ws.journal_dir))
+    except OSError:
+        return
+    for w in writers:
+        if not w.is_dir(follow_symlinks=False):
+            continue
+        segs = []
+        for e in os.scandir(w.path):
+            stem = e.name.removesuffix(".jsonl")
+            if stem.isdigit():
+                segs.append((int(stem), e.path))
+        for n, path in segs:
+            if (w.name, n) in reachable or os.lstat(path).st_mtime > horizon:
+                report.kept_segments += 1
+                continue
+            if _still_reached(ws, w.name, n, path):
+                report.kept_segments += 1  # a job moved while we walked: it still needs it
+                continue
+            _remove(report, "journal_segment", path, is_dir=False)
+        if (
+            not report.dry_run
+            and segs
+            and not any(os.path.exists(os.path.join(w.path, segment_name(n))) for n, _ in segs)
+        ):
+            try:
+                os.rmdir(w.path)
+            except OSError:
+                pass
+
+
+def _still_reached(ws: Workspace, writer: str, segment: int, path: str) -> bool:
+    """Look again at every job with a frame in this segment, from its current marker."""
+    jobs = {
+        (f["placement"], f["key"])
+        for _, f in iter_segment(path)
+        if f is not None and isinstance(f.get("placement"), str) and isinstance(f.get("key"), str)
+    }
+    for placement, key in jobs:
+        h = locate_key(ws, placement, key)
+        ref: RecordRef | None = h.marker.ref if h else None
+        while ref is not None:
+            if (ref.writer, ref.segment) == (writer, segment):
+                return True
+            try:
+                prev = ws.reader.read(ref).get("prev")
+            except FlowError:
+                break
+            ref = RecordRef.parse(prev) if isinstance(prev, str) else None
+    return False
+
+
+def _managers(ws: Workspace, report: GcReport, now: float) -> None:
+    horizon = ws.policy.keep_journal_days * DAY
+    for lv in read_managers(ws):
+        if not lv.alive and lv.age > horizon:
+            _remove(report, "manager", os.path.join(ws.managers, lv.info.id), is_dir=True)
+
+
+def _requests(ws: Workspace, report: GcReport, now: float) -> None:
+    """Retirement records of requests, kept as long as the journal (`flow requests`)."""
+    horizon = now - ws.policy.keep_journal_days * DAY
+    try:
+        entries = list(os.scandir(requests.done_dir(ws)))
+    except OSError:
+        return
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mtime < horizon:
+            _remove(report, "request_record", e.path, is_dir=False)

@@ -1,0 +1,70 @@
+"""An attempt's output files, read once or followed until the attempt ends."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+from httk_flow.errors import UsageError
+from httk_flow.ops.lookup import view
+from httk_flow.protocol.names import attempt_name
+from httk_flow.protocol.transition import JobHandle, locate_key
+from httk_flow.protocol.workspace import Workspace
+
+
+def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
+    attempts = view(ws, job).attempts
+    if not attempts:
+        raise UsageError("has not run yet", obj=f"job {job.key}", hint="see `flow show`")
+    if attempt is None:
+        chosen = attempts[-1]
+    else:
+        match = [a for a in attempts if a.get("n") == attempt]
+        if not match:
+            raise UsageError(
+                f"has no attempt {attempt} (it has 1-{len(attempts)})", obj=f"job {job.key}"
+            )
+        chosen = match[0]
+    n = chosen.get("n")
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise UsageError(
+            "has a damaged attempt record", obj=f"job {job.key}", hint="run `flow fsck`"
+        )
+    # derived from the number, never taken from the frame: a frame cannot point us elsewhere
+    return os.path.join(ws.job_dir(job.placement, job.key), "attempts", attempt_name(n))
+
+
+def read_log(
+    ws: Workspace,
+    job: JobHandle,
+    *,
+    stderr: bool = False,
+    attempt: int | None = None,
+    follow: bool = False,
+    interval: float = 0.3,
+) -> Iterator[bytes]:
+    """Chunks of the attempt's stdout (or stderr); with follow, until the job leaves it."""
+    path = os.path.join(attempt_dir(ws, job, attempt), "stderr" if stderr else "stdout")
+    if not os.path.exists(path):
+        if os.path.isdir(os.path.dirname(path)):
+            return  # the attempt wrote nothing there
+        raise UsageError(
+            "has no files any more (collected by `flow gc`)",
+            obj=f"attempt {os.path.basename(os.path.dirname(path))} of job {job.key}",
+        )
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(65536)
+            if chunk:
+                yield chunk
+                continue
+            if not follow:
+                return
+            now = locate_key(ws, job.placement, job.key)
+            if now is None or not now.state.is_active:
+                rest = fh.read()
+                if rest:
+                    yield rest
+                return
+            time.sleep(interval)

@@ -1,0 +1,155 @@
+"""Finding jobs by what a user types, and the views `flow show` and `flow list` print."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from httk_flow.errors import FlowError, JobNotFound
+from httk_flow.protocol import names
+from httk_flow.protocol.discovery import markers_of_placement
+from httk_flow.protocol.jobs import all_jobs, history, load_spec
+from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
+
+
+def find(ws: Workspace, ident: str) -> JobHandle:
+    """A job by id, unique id prefix (8+ characters), key, or a tag naming exactly one job."""
+    ident = ident.strip()
+    # a job moving between two listings may be seen twice: one key, one job
+    matches = list({h.key: h for h in _matches(ws, ident)}.values())
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        short_hex = len(ident) < 8 and all(c in "0123456789abcdef" for c in ident)
+        raise JobNotFound(
+            "matches no job" + (" (an id prefix needs at least 8 characters)" if short_hex else ""),
+            obj=f"job {ident!r}",
+            hint="see the jobs with `flow list`",
+        )
+    shown = ", ".join(m.key for m in matches[:5])
+    raise JobNotFound(
+        f"matches {len(matches)} jobs ({shown}{', ...' if len(matches) > 5 else ''})",
+        obj=f"job {ident!r}",
+        hint="give more of the id, or the full key",
+    )
+
+
+def _matches(ws: Workspace, ident: str) -> Iterator[JobHandle]:
+    m = names.KEY_RE.fullmatch(ident)
+    if m:
+        # default placements shard by id: look there first, then everywhere
+        shard = names.default_placement(m.group("id"))
+        found = [
+            h
+            for st in State
+            if (h := _locate_in(ws, st, shard, m.group("id"))) is not None
+            and (m.group("tag") is None or h.key == ident)
+        ]
+        if found:
+            yield from found
+            return
+    if len(ident) >= 8 and all(c in "0123456789abcdef" for c in ident):
+        # a tag may be all hex digits too (a date such as 20240611)
+        yield from (h for h in all_jobs(ws) if h.job_id.startswith(ident) or h.marker.tag == ident)
+    elif m:
+        yield from (h for h in all_jobs(ws) if h.key == ident or h.job_id == ident)
+    elif names.TAG_RE.fullmatch(ident):
+        yield from (h for h in all_jobs(ws) if h.marker.tag == ident)
+    elif len(ident) < 8 and all(c in "0123456789abcdef" for c in ident):
+        raise JobNotFound("an id prefix needs at least 8 characters", obj=f"job {ident!r}")
+
+
+def _locate_in(ws: Workspace, st: State, placement: str, job_id: str) -> JobHandle | None:
+    found = (m for _, m in markers_of_placement(ws, placement, (st,)) if m.job_id == job_id)
+    mk = next(found, None)
+    return None if mk is None else JobHandle(st, placement, mk)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Everything `flow show` prints about one job."""
+
+    handle: JobHandle
+    spec: JobSpec | None
+    spec_error: str | None
+    frame: Frame
+    frames: list[Frame]
+
+    @property
+    def attempts(self) -> list[dict[str, object]]:
+        """One entry per attempt that was launched, oldest first, with how it ended."""
+        out: dict[str, dict[str, object]] = {}
+        for f in self.frames:
+            att = f.get("attempt")
+            if isinstance(att, dict) and isinstance(att.get("id"), str):
+                entry = out.setdefault(att["id"], {"id": att["id"]})
+                for k in ("n", "step", "manager", "host", "pid", "dir"):
+                    if k in att:
+                        entry[k] = att[k]
+                entry["state"] = f.get("to")
+                if f.get("to") == State.RUNNING.value:
+                    entry["started"] = f.get("t")
+                if "result" in f:
+                    entry["result"] = f["result"]
+                    entry["ended"] = f.get("t")
+        return list(out.values())
+
+
+def view(ws: Workspace, job: JobHandle) -> JobView:
+    spec: JobSpec | None = None
+    error = None
+    try:
+        spec = load_spec(ws, job.placement, job.key)
+    except FlowError as e:
+        error = e.render()
+    frames = history(ws, job)
+    return JobView(job, spec, error, frames[-1] if frames else {}, frames)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of `flow list`."""
+
+    handle: JobHandle
+    step: str
+    attempts: int
+
+    def to_json(self) -> dict[str, object]:
+        h = self.handle
+        return {
+            "id": h.job_id,
+            "key": h.key,
+            "tag": h.marker.tag,
+            "state": h.state.value,
+            "step": self.step,
+            "priority": h.marker.priority,
+            "attempts": self.attempts,
+            "placement": h.placement,
+        }
+
+
+def list_rows(
+    ws: Workspace,
+    states: tuple[State, ...] = tuple(State),
+    *,
+    tag: str | None = None,
+    limit: int | None = None,
+) -> Iterator[JobRow]:
+    """Jobs in the given states (streamed), each with its step and attempt count."""
+    n = 0
+    for h in all_jobs(ws, states):
+        if tag is not None and h.marker.tag != tag:
+            continue
+        if limit is not None and n >= limit:
+            return
+        try:
+            f = ws.reader.read(h.marker.ref)
+            step, tries = str(f.get("step", "?")), int(f.get("tries", 0))
+        except FlowError:
+            step, tries = "?", 0
+        n += 1
+        yield JobRow(h, step, tries)

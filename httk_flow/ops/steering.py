@@ -1,0 +1,205 @@
+"""Operator steering: cancel, pause, resume and priority, done by one rename where possible.
+
+A job with no live attempt is steered directly by whoever asks (the CLI included). A
+running job is fenced by renaming it to cancelling; its owner stops the process group
+and records the verified exit. A pause of a running job waits for the attempt to end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from httk_flow.errors import FlowError, TransitionConflict, UsageError
+from httk_flow.protocol import names, requests
+from httk_flow.protocol.children import child_placement
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class SteerResult:
+    key: str
+    before: State
+    after: State
+    note: str = ""
+
+
+def _actor() -> str:
+    return f"cli-{os.getpid()}"
+
+
+def _retry_locate(ws: Workspace, job: JobHandle) -> JobHandle:
+    now = locate_key(ws, job.placement, job.key)
+    if now is None:
+        raise FlowError("has no marker any more", obj=f"job {job.key}", hint="run `flow fsck`")
+    return now
+
+
+def cancel(ws: Workspace, job: JobHandle, reason: str = "") -> SteerResult:
+    """Cancel a job and, depth first, every child it spawned that is not finished."""
+    result = _cancel_one(ws, job, reason)
+    n = 0
+    for child in children_of(ws, job):
+        if not child.state.is_permanent:
+            try:
+                cancel(ws, child, reason or f"parent {job.key} cancelled")
+                n += 1
+            except FlowError:
+                pass  # a child that keeps moving is reported by its own next cancel
+    if n:
+        note = f"{result.note}; " if result.note else ""
+        return SteerResult(result.key, result.before, result.after, f"{note}{n} children too")
+    return result
+
+
+def children_of(ws: Workspace, job: JobHandle) -> list[JobHandle]:
+    """The job's children, from one listing per state kind of their placement."""
+    placement = child_placement(job.placement, job.key)
+    out = []
+    for st in State:
+        try:
+            entries = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
+        except OSError:
+            continue
+        for n in entries:
+            m = names.Marker.parse_or_none(n)
+            if m is not None:
+                out.append(JobHandle(st, placement, m))
+    return out
+
+
+def _cancel_one(ws: Workspace, job: JobHandle, reason: str) -> SteerResult:
+    """One job: one rename if nothing runs, else fence it for its owner to stop."""
+    for _ in range(5):
+        st = job.state
+        if st in (State.SUCCEEDED, State.CANCELLED, State.CANCELLING):
+            return SteerResult(job.key, st, st, f"already {st.value}")
+        frame = ws.reader.read(job.marker.ref)
+        try:
+            if st is State.RUNNING:
+                body = carry(
+                    frame, attempt=frame.get("attempt"), why="cancel requested", reason=reason
+                )
+                new = transition(ws, job, State.CANCELLING, body, actor=_actor())
+                crash_point("cancel.after_fence")
+                return SteerResult(job.key, st, new.state, "its manager stops the process group")
+            if st is State.COMMITTING:
+                time.sleep(0.2)  # a commit takes milliseconds; look again
+                job = _retry_locate(ws, job)
+                continue
+            body = carry(frame, why="cancelled", reason=reason)
+            new = transition(ws, job, State.CANCELLED, body, actor=_actor())
+            return SteerResult(job.key, st, new.state)
+        except TransitionConflict:
+            job = _retry_locate(ws, job)
+    raise FlowError(
+        "kept changing state while being cancelled",
+        obj=f"job {job.key}",
+        hint="run the command again",
+    )
+
+
+def pause(ws: Workspace, job: JobHandle) -> SteerResult:
+    for _ in range(5):
+        st = job.state
+        frame = ws.reader.read(job.marker.ref)
+        try:
+            if st in (State.READY, State.WAITING):
+                new = transition(
+                    ws,
+                    job,
+                    State.PAUSED,
+                    carry(frame, join=frame.get("join"), why="paused"),
+                    actor=_actor(),
+                )
+                return SteerResult(job.key, st, new.state)
+            if st in (State.CLAIMED, State.RUNNING, State.COMMITTING):
+                requests.make(ws, job, "pause")
+                return SteerResult(job.key, st, st, "pauses when its current attempt ends")
+            if st is State.SUBMITTED:
+                raise UsageError(
+                    "is not registered yet",
+                    obj=f"job {job.key}",
+                    hint="start a manager, or pause it once it is ready",
+                )
+            return SteerResult(job.key, st, st, f"cannot pause a {st.value} job")
+        except TransitionConflict:
+            job = _retry_locate(ws, job)
+    raise FlowError("kept changing state while being paused", obj=f"job {job.key}")
+
+
+def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResult:
+    """Continue a paused or failed job (optionally at another step) as a new activation."""
+    st = job.state
+    if st not in (State.PAUSED, State.FAILED):
+        raise UsageError(
+            f"is {st.value}; only paused or failed jobs can be resumed", obj=f"job {job.key}"
+        )
+    if step is not None:
+        names.check_ident(step, "step name")
+    frame = ws.reader.read(job.marker.ref)
+    join = frame.get("join")
+    if st is State.PAUSED and isinstance(join, dict) and step is None:
+        # a paused join goes back to waiting for its children
+        body = carry(frame, join=join, why="resumed")
+        body["intr"] = 0
+        if "deaths" in body:
+            body["deaths"] = 0
+        try:
+            new = transition(ws, job, State.WAITING, body, actor=_actor())
+        except FlowError:
+            raise
+        return SteerResult(job.key, st, new.state)
+    body = carry(frame, why="resumed", last="resumed")
+    body["try"] = 0
+    body["intr"] = 0  # an operator looked: the interruption count starts again
+    if "deaths" in body:
+        body["deaths"] = 0
+    if step is not None or st is State.FAILED:
+        body["act"] = int(frame.get("act", 1)) + 1
+    if step is not None:
+        body["step"] = step
+        body["join_ref"] = None
+    new = transition(ws, job, State.READY, body, actor=_actor())
+    # a pause request still pending names a generation before the pause or failure, so
+    # the next manager to look retires it rather than pausing this new activation
+    return SteerResult(job.key, st, new.state)
+
+
+def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:
+    """Set the job's priority now, or at the end of its current attempt if one is live."""
+    names.check_priority(priority)
+    for _ in range(5):
+        st = job.state
+        if st in (State.CLAIMED, State.RUNNING, State.COMMITTING):
+            requests.make(ws, job, "priority", priority=priority)
+            return SteerResult(
+                job.key, st, st, f"priority {priority} when its current attempt ends"
+            )
+        if st not in (State.READY, State.WAITING, State.PAUSED):
+            raise UsageError(
+                f"is {st.value}; priority changes while a job is ready, waiting, paused or running",
+                obj=f"job {job.key}",
+            )
+        frame = ws.reader.read(job.marker.ref)
+        body = carry(frame, join=frame.get("join"), why=f"priority {priority}")
+        try:
+            new = transition(
+                ws,
+                job,
+                st,
+                body,
+                actor=_actor(),
+                priority=priority,
+                not_before=job.marker.not_before,
+            )
+        except TransitionConflict:
+            job = _retry_locate(ws, job)
+            continue
+        return SteerResult(job.key, st, new.state, f"priority {priority}")
+    raise FlowError("kept changing state while its priority was set", obj=f"job {job.key}")

@@ -1,0 +1,218 @@
+"""Bounded, streaming discovery of markers: a resumable walk, never the whole tree at once.
+
+Each call visits at most `budget` directory entries and resumes where the last call
+stopped; a full cycle visits every placement. Nothing is listed whole or sorted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.names import MARKER_RE, Marker
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
+from httk_flow.protocol.workspace import Workspace
+
+#: how many entries pass between two calls of the heartbeat hook
+HEARTBEAT_EVERY = 512
+
+
+@dataclass
+class _Walk:
+    """A depth-first walk of one placement root with its open directory iterators."""
+
+    root: str  # absolute directory of the state kind + prefix
+    placement: str  # placement of `root`
+    stack: list[tuple[str, Iterator[os.DirEntry[str]]]] = field(default_factory=list)
+    finished: int = 0
+    started: float = 0.0  # when the current cycle began
+    found: int = 0  # markers found in the current cycle
+    rest_until: float = 0.0  # no new cycle before this (monotonic seconds)
+
+    def close(self) -> None:
+        for _, it in self.stack:
+            _close(it)
+        self.stack.clear()
+
+
+class MarkerStream:
+    """Markers of one state kind under some placement prefixes, a bounded slice per call."""
+
+    def __init__(
+        self,
+        ws: Workspace,
+        state: State,
+        prefixes: tuple[str, ...] = (),
+        *,
+        on_bad: Callable[[str, str], None] | None = None,
+        rest: float = 0.0,
+        rest_always: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`rest`: seconds between the starts of two cycles when a cycle found nothing
+        (or always, with `rest_always`), so an idle kind costs nothing between cycles."""
+        self.ws = ws
+        self._rest = rest
+        self._rest_always = rest_always
+        self._clock = clock
+        self.state = state
+        self._walks = [_Walk(ws.state_dir(state, p), p) for p in (prefixes or ("",))]
+        self._turn = 0
+        self._on_bad = on_bad
+
+    def next_batch(
+        self, budget: int, heartbeat: Callable[[], None] | None = None
+    ) -> list[JobHandle]:
+        """Up to `budget` entries' worth of markers; resumes next call where this one stopped."""
+        out: list[JobHandle] = []
+        visited, k = 0, len(self._walks)
+        for i in range(k):
+            walk = self._walks[self._turn]
+            self._turn = (self._turn + 1) % k
+            share = max(1, (budget - visited) // (k - i))
+            n, finished = self._step(walk, share, out, heartbeat)
+            visited += n
+            if finished:
+                walk.finished += 1
+            if visited >= budget:
+                break
+        return out
+
+    @property
+    def cycles(self) -> int:
+        """Full walks completed by every root (a new stream has done 0)."""
+        return min(w.finished for w in self._walks)
+
+    def _step(
+        self,
+        walk: _Walk,
+        budget: int,
+        out: list[JobHandle],
+        heartbeat: Callable[[], None] | None,
+    ) -> tuple[int, bool]:
+        """Advance one walk by up to `budget` entries; (entries visited, walk finished)."""
+        if not walk.stack:
+            now = self._clock()
+            if now < walk.rest_until:
+                return 0, False
+            it = _scandir(walk.root)
+            if it is None:
+                walk.rest_until = now + self._rest
+                return 0, True
+            walk.stack.append((walk.placement, it))
+            walk.started, walk.found = now, 0
+        visited = 0
+        while walk.stack and visited < budget:
+            placement, it = walk.stack[-1]
+            entry = next(it, None)
+            if entry is None:
+                walk.stack.pop()
+                continue
+            visited += 1
+            if heartbeat is not None and visited % HEARTBEAT_EVERY == 0:
+                heartbeat()
+            name = entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                try:
+                    sub = _scandir(entry.path)
+                except OSError as e:
+                    # a directory we may not read (another user's) must not stop the walk
+                    if self._on_bad is not None:
+                        self._on_bad(entry.path, f"cannot be listed ({e.strerror})")
+                    continue
+                if sub is not None:
+                    walk.stack.append((f"{placement}/{name}" if placement else name, sub))
+                continue
+            marker = Marker.parse_or_none(name)
+            if marker is None or not entry.is_file(follow_symlinks=False):
+                if self._on_bad is not None and not name.startswith("."):
+                    self._on_bad(entry.path, "is not a marker of the grammar (or not a file)")
+                continue
+            out.append(JobHandle(self.state, placement, marker))
+            walk.found += 1
+        if not walk.stack and (self._rest_always or walk.found == 0):
+            walk.rest_until = walk.started + self._rest
+        return visited, not walk.stack
+
+    def close(self) -> None:
+        for w in self._walks:
+            w.close()
+
+
+def _scandir(path: str) -> Iterator[os.DirEntry[str]] | None:
+    # through the seam, so a filesystem model installed for tests sees the marker walks
+    try:
+        return fs.scandir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _close(it: Iterator[os.DirEntry[str]]) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def walk_all(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> Iterator[JobHandle]:
+    """Every marker of a kind, streamed in bounded slices (for read-side commands)."""
+    # one stream per prefix: a shared stream restarts a short prefix while a long one
+    # is still walking, and would yield the short one's markers again
+    for prefix in prefixes or ("",):
+        stream = MarkerStream(ws, state, (prefix,))
+        try:
+            while stream.cycles < 1:
+                yield from stream.next_batch(4096)
+        finally:
+            stream.close()
+
+
+def count_markers(ws: Workspace, state: State) -> int:
+    """How many marker names of the grammar lie under a state kind (a plain directory walk)."""
+    match = MARKER_RE.fullmatch
+    n = 0
+    stack = [ws.state_dir(state)]
+    while stack:
+        try:
+            it = fs.scandir(stack.pop())
+        except OSError:
+            continue
+        try:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif match(e.name) is not None and e.is_file(follow_symlinks=False):
+                    n += 1
+        finally:
+            _close(it)
+    return n
+
+
+def any_marker(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> bool:
+    """Whether at least one marker lies under a state kind (stops at the first)."""
+    return any(True for _ in walk_all(ws, state, prefixes))
+
+
+def markers_of_placement(
+    ws: Workspace, placement: str, states: Iterable[State] = tuple(State)
+) -> Iterator[tuple[State, Marker]]:
+    """(state, marker) of every marker name directly in one placement, one listing per
+    state kind (in `states` order). A kind whose directory cannot be listed is skipped."""
+    for st in states:
+        try:
+            # through the seam, so an NFS model sees (and can delay) these listings too;
+            # read whole, so an error while listing skips the kind rather than half of it
+            entries = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
+        except OSError:
+            continue
+        for name in entries:
+            m = Marker.parse_or_none(name)
+            if m is not None:
+                yield st, m

@@ -1,0 +1,154 @@
+"""The one seam between the protocol and the filesystem.
+
+Every rename, publish, directory listing and read of protocol files goes through `fs`,
+so tests can swap in a FileSystem that models NFS hazards (late names, ESTALE, lying
+renames).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import Final
+
+from httk_flow.errors import UnsafePath
+
+#: errors a reader retries: the file was replaced under an open handle (NFS ESTALE)
+RETRYABLE_READ_ERRNOS: Final = frozenset({errno.ESTALE})
+#: how many times a read through `fs` opens a file before an ESTALE is final
+READ_ATTEMPTS: Final = 4
+_UID = os.getuid()
+
+
+class FileSystem:
+    """Plain POSIX operations; subclasses inject faults for tests."""
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
+        """The directory's entries, as os.scandir gives them (DirEntry, with close()).
+
+        Not a generator: a missing directory raises here, at the call, as os.scandir does,
+        and the hot walks pay no extra frame per entry."""
+        return os.scandir(path)
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """Read a regular file we own, refusing symlinks; at most `limit` bytes.
+
+        One attempt: ESTALE is raised to the caller. Reads through `fs` retry it (the one
+        retry loop, so a fault model's ESTALE is retried like a real one)."""
+        try:
+            # O_NONBLOCK: a FIFO planted in place of a file must not hang the reader
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePath("is a symbolic link; refusing to follow it", obj=path) from e
+            raise
+        try:
+            st = os.fstat(fd)
+            check_owned(st, path)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePath("is not a regular file", obj=path)
+            if st.st_size > limit:
+                raise UnsafePath(f"is larger than {limit} bytes", obj=path)
+            return os.read(fd, limit + 1)
+        finally:
+            os.close(fd)
+
+
+def check_owned(st: os.stat_result, path: str) -> None:
+    # root reads everyone's files; a user never trusts an entry planted by another user
+    if _UID != 0 and st.st_uid != _UID:
+        raise UnsafePath(f"is owned by uid {st.st_uid}, not by you", obj=path)
+
+
+class _Installed(FileSystem):
+    """The `fs` every module binds at import; set_filesystem swaps what it forwards to."""
+
+    def __init__(self, impl: FileSystem) -> None:
+        self.impl = impl
+
+    def rename(self, src: str, dst: str) -> None:
+        self.impl.rename(src, dst)
+
+    def exists(self, path: str) -> bool:
+        return self.impl.exists(path)
+
+    def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
+        return self.impl.scandir(path)
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        # a file replaced under a reader on NFS answers ESTALE (at the open, the stat or the
+        # read): open it again, a bounded number of times, rather than take it for damage
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                return self.impl.read_bytes(path, limit)
+            except OSError as e:
+                if e.errno not in RETRYABLE_READ_ERRNOS or attempt == READ_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+
+# modules do `from httk_flow.protocol.fsio import fs`, so this object must stay the same one
+fs: Final = _Installed(FileSystem())
+
+
+def set_filesystem(new: FileSystem) -> FileSystem:
+    """Install a filesystem (tests); returns the previous one."""
+    if isinstance(new, _Installed):
+        new = new.impl
+    old, fs.impl = fs.impl, new
+    return old
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str, data: bytes, *, durable: bool, mode: int = 0o644) -> None:
+    """Create `path` (which must not exist) with `data`; fsync it when durable."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, durable: bool, tmp_dir: str | None = None) -> None:
+    """Publish `data` at `path` by writing a sibling temporary file and renaming it."""
+    d = tmp_dir or os.path.dirname(path)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}")
+    try:
+        write_file(tmp, data, durable=durable)
+        try:
+            fs.rename(tmp, path)
+        except OSError:
+            # a rename that happened although it reported an error (NFS retransmit)
+            if os.path.lexists(tmp) or not os.path.lexists(path):
+                raise
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(path))
+
+
+def makedirs(path: str) -> None:
+    os.makedirs(path, exist_ok=True)

@@ -1,0 +1,83 @@
+"""Reading a job back: its definition and frames; registration; failing a job."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from httk_flow.errors import FlowError, InvalidJob
+from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.jobspec import MAX_JOB_JSON, JobSpec
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.workspace import Workspace
+
+
+def load_spec(ws: Workspace, placement: str, key: str) -> JobSpec:
+    """Parse a job's job.json; InvalidJob/UnsafePath name the file when it is bad."""
+    path = os.path.join(ws.job_dir(placement, key), "job.json")
+    try:
+        raw = fs.read_bytes(path, MAX_JOB_JSON)
+    except FileNotFoundError:
+        raise InvalidJob("is missing", obj=path) from None
+    except OSError as e:
+        raise InvalidJob(f"cannot be read ({e.strerror})", obj=path) from e
+    spec = JobSpec.from_json(raw, path)
+    if spec.key != key or spec.placement != placement:
+        raise InvalidJob("does not match the job directory it lies in", obj=path)
+    return spec
+
+
+def current_frame(ws: Workspace, job: JobHandle) -> Frame:
+    return ws.reader.read(job.marker.ref)
+
+
+def history(ws: Workspace, job: JobHandle) -> list[Frame]:
+    """Every transition of the job, oldest first."""
+    frames = list(ws.reader.chain(job.marker.ref))
+    frames.reverse()
+    return frames
+
+
+def register(
+    ws: Workspace, job: JobHandle, *, actor: str, specs: dict[str, JobSpec] | None = None
+) -> JobHandle:
+    """submitted -> ready after validating the definition; invalid -> failed(protocol_error).
+
+    A manager passes `specs` to keep the parsed definition for its claim a moment later.
+    """
+    try:
+        frame = current_frame(ws, job)
+    except FlowError as e:
+        return fail(ws, job, {}, "protocol_error", e.render(), actor=actor)
+    try:
+        spec = load_spec(ws, job.placement, job.key)
+        if spec.program.digest and not fs.exists(ws.program_path(spec.program.digest)):
+            raise InvalidJob("names a program that is not in the program store", obj=job.key)
+    except FlowError as e:
+        return fail(ws, job, frame, "protocol_error", e.render(), actor=actor)
+    if specs is not None:
+        specs[job.key] = spec
+    return transition(ws, job, State.READY, carry(frame), actor=actor)
+
+
+def fail(
+    ws: Workspace,
+    job: JobHandle,
+    frame: Frame,
+    code: str,
+    message: str,
+    *,
+    actor: str,
+    retryable: bool = False,
+) -> JobHandle:
+    """Move a job to failed with a failure record (code, message, retryable)."""
+    failure = {"code": code, "message": message[:4000], "retryable": retryable}
+    return transition(ws, job, State.FAILED, carry(frame, failure=failure), actor=actor)
+
+
+def all_jobs(ws: Workspace, states: tuple[State, ...] = tuple(State)) -> Iterator[JobHandle]:
+    for st in states:
+        yield from walk_all(ws, st)

@@ -1,0 +1,270 @@
+"""job.json: the immutable definition of a job, parsed once into a frozen JobSpec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from httk_flow.errors import FlowError, InvalidJob
+from httk_flow.protocol import names
+
+JOB_FORMAT = "httk-flow/job/1"
+#: job.json larger than this is refused: a definition, not a data file
+MAX_JOB_JSON = 1 << 20
+MAX_ARGS = 4096
+MAX_PARAMS = 1024
+MAX_PARAM_VALUE = 64 * 1024
+DEFAULT_RETRIES = 2
+#: every attempt of a job over its whole life, across activations
+DEFAULT_MAX_ATTEMPTS = 100
+ParamValue = str | int | float | bool
+WorkdirMode = Literal["persistent", "isolated"]
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """A stored executable (by sha256 digest) or a command looked up on PATH."""
+
+    digest: str | None = None
+    command: str | None = None
+    name: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        if self.digest:
+            return {"digest": self.digest, "name": self.name}
+        return {"command": self.command or ""}
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRef:
+    """The job that spawned this one, and under which label in which activation."""
+
+    id: str
+    key: str
+    placement: str
+    activation: int
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    id: str
+    key: str
+    tag: str | None
+    name: str
+    program: Program
+    args: tuple[str, ...]
+    step: str
+    params: dict[str, ParamValue]
+    priority: int
+    placement: str
+    pool: str | None = None
+    requires: tuple[str, ...] = ()
+    time: float | None = None
+    retries: int = DEFAULT_RETRIES
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    workdir: WorkdirMode = "persistent"
+    require_outcome: bool = False
+    parent: ParentRef | None = None
+    array_index: int | None = None
+    created: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = dict(self.extra)
+        d.update(
+            format=JOB_FORMAT,
+            id=self.id,
+            key=self.key,
+            tag=self.tag,
+            name=self.name,
+            program=self.program.to_json(),
+            args=list(self.args),
+            step=self.step,
+            params=self.params,
+            priority=self.priority,
+            placement=self.placement,
+            pool=self.pool,
+            requires=list(self.requires),
+            time=self.time,
+            retries=self.retries,
+            max_attempts=self.max_attempts,
+            workdir=self.workdir,
+            require_outcome=self.require_outcome,
+            parent=None
+            if self.parent is None
+            else {
+                "id": self.parent.id,
+                "key": self.parent.key,
+                "placement": self.parent.placement,
+                "activation": self.parent.activation,
+                "label": self.parent.label,
+            },
+            array_index=self.array_index,
+            created=self.created,
+        )
+        return d
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2)
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> JobSpec:
+        if len(raw) > MAX_JOB_JSON:
+            raise InvalidJob(f"is larger than {MAX_JOB_JSON} bytes", obj=where)
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise InvalidJob(f"is not valid JSON ({e})", obj=where) from e
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> JobSpec:
+        try:
+            return _parse(data)
+        except _Bad as e:
+            raise InvalidJob(str(e), obj=where) from None
+        except FlowError as e:
+            raise InvalidJob(e.render(), obj=where) from None
+
+
+class _Bad(Exception):
+    pass
+
+
+_KNOWN = frozenset(
+    (
+        "format id key tag name program args step params priority placement pool requires "
+        "time retries max_attempts workdir require_outcome parent array_index created"
+    ).split()
+)
+
+
+def _get(d: dict[str, Any], k: str, typ: type | tuple[type, ...], default: Any = ...) -> Any:
+    if k not in d or d[k] is None:
+        if default is ...:
+            raise _Bad(f"member {k!r} is missing")
+        return default
+    v = d[k]
+    if isinstance(v, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
+        raise _Bad(f"member {k!r} must be {_tname(typ)}, not a boolean")
+    if not isinstance(v, typ):
+        raise _Bad(f"member {k!r} must be {_tname(typ)}")
+    return v
+
+
+def _tname(typ: type | tuple[type, ...]) -> str:
+    ts = typ if isinstance(typ, tuple) else (typ,)
+    return " or ".join(
+        {"str": "a string", "int": "an integer", "float": "a number"}.get(t.__name__, t.__name__)
+        for t in ts
+    )
+
+
+def check_params(params: object) -> dict[str, ParamValue]:
+    if not isinstance(params, dict):
+        raise _Bad("member 'params' must be an object")
+    if len(params) > MAX_PARAMS:
+        raise _Bad(f"has more than {MAX_PARAMS} params")
+    out: dict[str, ParamValue] = {}
+    for k, v in params.items():
+        names.check_ident(k, "parameter name")
+        if not isinstance(v, str | int | float | bool):
+            raise _Bad(f"param {k!r} must be a string, number or boolean")
+        if isinstance(v, str) and (len(v) > MAX_PARAM_VALUE or "\0" in v):
+            raise _Bad(f"param {k!r} is too long or contains a NUL byte")
+        out[k] = v
+    return out
+
+
+def _parse(data: object) -> JobSpec:
+    if not isinstance(data, dict):
+        raise _Bad("is not a JSON object")
+    fmt = data.get("format", JOB_FORMAT)
+    if fmt != JOB_FORMAT:
+        raise _Bad(f"has format {fmt!r}; this httk_flow reads {JOB_FORMAT}")
+    job_id = _get(data, "id", str)
+    if not names.ID_RE.fullmatch(job_id):
+        raise _Bad("member 'id' must be 32 lower-case hex digits")
+    tag = _get(data, "tag", str, None)
+    if tag is not None:
+        names.check_tag(tag)
+    key = _get(data, "key", str)
+    if key != names.make_key(job_id, tag):
+        raise _Bad("member 'key' does not match its id and tag")
+    prog = _get(data, "program", dict)
+    digest, command = prog.get("digest"), prog.get("command")
+    if (
+        isinstance(digest, str)
+        and len(digest) == 64
+        and all(c in "0123456789abcdef" for c in digest)
+    ):
+        pname = prog.get("name", "")
+        program = Program(digest=digest, name=pname if isinstance(pname, str) else "")
+    elif isinstance(command, str) and command and "\0" not in command and "/" not in command:
+        program = Program(command=command, name=command)
+    else:
+        raise _Bad("member 'program' needs a 64-hex 'digest' or a plain 'command' name")
+    args = _get(data, "args", list, [])
+    if len(args) > MAX_ARGS or not all(isinstance(a, str) and "\0" not in a for a in args):
+        raise _Bad("member 'args' must be a list of strings without NUL bytes")
+    requires = _get(data, "requires", list, [])
+    for r in requires:
+        if not isinstance(r, str):
+            raise _Bad("member 'requires' must be a list of strings")
+        names.check_label(r, "capability")
+    pool = _get(data, "pool", str, None)
+    if pool is not None:
+        names.check_label(pool, "pool")
+    time_req = _get(data, "time", (int, float), None)
+    if time_req is not None and not 0 < time_req < 10 * 365 * 86400:
+        raise _Bad("member 'time' must be a positive number of seconds")
+    retries = _get(data, "retries", int, DEFAULT_RETRIES)
+    max_attempts = _get(data, "max_attempts", int, DEFAULT_MAX_ATTEMPTS)
+    if not 0 <= retries <= 1000 or not 1 <= max_attempts <= 100_000:
+        raise _Bad("members 'retries' (0-1000) or 'max_attempts' (1-100000) out of range")
+    workdir = _get(data, "workdir", str, "persistent")
+    if workdir not in ("persistent", "isolated"):
+        raise _Bad("member 'workdir' must be 'persistent' or 'isolated'")
+    parent = None
+    pdata = _get(data, "parent", dict, None)
+    if pdata is not None:
+        pid, pkey = _get(pdata, "id", str), _get(pdata, "key", str)
+        if not names.ID_RE.fullmatch(pid) or names.JobKey.parse(pkey).id != pid:
+            raise _Bad("member 'parent' has a bad id or key")
+        parent = ParentRef(
+            id=pid,
+            key=pkey,
+            placement=names.check_placement(_get(pdata, "placement", str)),
+            activation=_get(pdata, "activation", int),
+            label=names.check_label(_get(pdata, "label", str)),
+        )
+    array_index = _get(data, "array_index", int, None)
+    name = _get(data, "name", str, "")
+    if len(name) > 256:
+        raise _Bad("member 'name' is longer than 256 characters")
+    return JobSpec(
+        id=job_id,
+        key=key,
+        tag=tag,
+        name=name,
+        program=program,
+        args=tuple(args),
+        step=names.check_ident(_get(data, "step", str, "main"), "step name"),
+        params=check_params(_get(data, "params", dict, {})),
+        priority=names.check_priority(_get(data, "priority", int, names.DEFAULT_PRIORITY)),
+        placement=names.check_placement(_get(data, "placement", str)),
+        pool=pool,
+        requires=tuple(requires),
+        time=float(time_req) if time_req is not None else None,
+        retries=retries,
+        max_attempts=max_attempts,
+        workdir=workdir,
+        require_outcome=_get(data, "require_outcome", bool, False),
+        parent=parent,
+        array_index=array_index,
+        created=float(_get(data, "created", (int, float), 0.0)),
+        extra={k: v for k, v in data.items() if k not in _KNOWN},
+    )

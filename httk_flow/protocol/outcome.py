@@ -1,0 +1,210 @@
+"""outcome.json: what an attempt reports, published by renaming outcome.tmp.* to outcome.ready/.
+
+An outcome always wins over the exit status. It is parsed at the boundary into a frozen
+Outcome; anything malformed becomes a protocol error of that job alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from httk_flow.errors import FlowError, InvalidOutcome, UnsafePath
+from httk_flow.protocol import names
+from httk_flow.protocol.fsio import fs
+
+OUTCOME_DIR = "outcome.ready"
+MAX_OUTCOME = 1 << 20
+MAX_CHILDREN_FILE = 64 << 20
+MAX_CHILDREN = 100_000
+MAX_MESSAGE = 4000
+
+
+class Action(enum.Enum):
+    SUCCEED = "succeed"
+    FAIL = "fail"
+    ADVANCE = "advance"
+    RETRY = "retry"
+    PAUSE = "pause"
+    WAIT = "wait"
+
+
+class JoinMode(enum.Enum):
+    ALL_SUCCEEDED = "all_succeeded"
+    ALL_DONE = "all_done"
+    ANY_SUCCEEDED = "any_succeeded"
+
+
+@dataclass(frozen=True)
+class ChildDef:
+    label: str
+    tag: str | None = None
+    step: str = "main"
+    params: dict[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    program: str | None = None  # a path relative to the parent's job dir, or None = parent's
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: Action
+    message: str = ""
+    step: str | None = None  # advance / wait: the next step
+    code: str = ""  # fail: a short machine-readable reason
+    children: tuple[ChildDef, ...] = ()
+    join: JoinMode = JoinMode.ALL_SUCCEEDED
+    on_impossible: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"action": self.action.value, "message": self.message}
+        if self.step:
+            d["step"] = self.step
+        if self.code:
+            d["code"] = self.code
+        if self.action is Action.WAIT:
+            d["join"] = self.join.value
+            d["on_impossible"] = self.on_impossible
+            d["children"] = len(self.children)
+        return d
+
+
+def read_outcome(attempt_dir: str) -> Outcome | None:
+    """The published outcome of an attempt, None if there is none; InvalidOutcome if bad."""
+    d = os.path.join(attempt_dir, OUTCOME_DIR)
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return None
+    where = os.path.join(d, "outcome.json")
+    if not os.path.isdir(d) or os.path.islink(d):
+        raise InvalidOutcome("outcome.ready is not a directory", obj=d)
+    del st
+    try:
+        raw = fs.read_bytes(where, MAX_OUTCOME)
+    except FileNotFoundError:
+        raise InvalidOutcome("outcome.ready has no outcome.json", obj=d) from None
+    except (OSError, UnsafePath) as e:
+        raise InvalidOutcome(f"cannot read it ({e})", obj=where) from None
+    dup = os.path.join(d, "duplicate")
+    if os.path.lexists(dup):
+        # the runner tried to publish a second outcome: neither can be trusted
+        raise InvalidOutcome("the attempt published more than one outcome", obj=d)
+    out = parse_outcome(raw, where)
+    if out.action is Action.WAIT:
+        out = _with_children(out, os.path.join(d, "children.jsonl"))
+    return out
+
+
+def parse_outcome(raw: bytes, where: str) -> Outcome:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidOutcome(f"is not valid JSON ({e})", obj=where) from None
+    if not isinstance(data, dict):
+        raise InvalidOutcome("is not a JSON object", obj=where)
+    try:
+        action = Action(data.get("action"))
+    except ValueError:
+        raise InvalidOutcome(
+            f"action {data.get('action')!r} is not one of " + ", ".join(a.value for a in Action),
+            obj=where,
+        ) from None
+    msg = data.get("message", "")
+    if not isinstance(msg, str):
+        raise InvalidOutcome("message must be a string", obj=where)
+    step = data.get("step")
+    try:
+        if action in (Action.ADVANCE, Action.WAIT):
+            if not isinstance(step, str):
+                raise InvalidOutcome(f"a {action.value} outcome needs a step", obj=where)
+            names.check_ident(step, "step name")
+        else:
+            step = None
+        code = data.get("code", "")
+        if not isinstance(code, str) or len(code) > 64:
+            raise InvalidOutcome("code must be a short string", obj=where)
+        join = JoinMode(data.get("join", "all_succeeded"))
+        on_imp = data.get("on_impossible")
+        if on_imp is not None:
+            if not isinstance(on_imp, str):
+                raise InvalidOutcome("on_impossible must be a step name", obj=where)
+            names.check_ident(on_imp, "step name")
+    except ValueError:
+        raise InvalidOutcome(f"join {data.get('join')!r} is not a join mode", obj=where) from None
+    except InvalidOutcome:
+        raise
+    except FlowError as e:
+        raise InvalidOutcome(e.render(), obj=where) from None
+    return Outcome(action, msg[:MAX_MESSAGE], step, code, (), join, on_imp)
+
+
+def _with_children(out: Outcome, path: str) -> Outcome:
+    try:
+        raw = fs.read_bytes(path, MAX_CHILDREN_FILE)
+    except FileNotFoundError:
+        raw = b""
+    except (OSError, UnsafePath) as e:
+        raise InvalidOutcome(f"cannot read it ({e})", obj=path) from None
+    children: list[ChildDef] = []
+    labels: set[str] = set()
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        child = parse_child(line, f"{path}:{n}")
+        if child.label in labels:
+            raise InvalidOutcome(f"label {child.label!r} is used twice", obj=f"{path}:{n}")
+        labels.add(child.label)
+        children.append(child)
+        if len(children) > MAX_CHILDREN:
+            raise InvalidOutcome(f"spawns more than {MAX_CHILDREN} children", obj=path)
+    if not children:
+        raise InvalidOutcome("a wait outcome spawned no children to join", obj=path)
+    return Outcome(
+        out.action, out.message, out.step, out.code, tuple(children), out.join, out.on_impossible
+    )
+
+
+def parse_child(line: bytes, where: str) -> ChildDef:
+    try:
+        d = orjson.loads(line)
+        if not isinstance(d, dict):
+            raise InvalidOutcome("is not a JSON object", obj=where)
+        label = d.get("label")
+        if not isinstance(label, str):
+            raise InvalidOutcome("needs a label", obj=where)
+        names.check_label(label, "child label")
+        tag = d.get("tag")
+        if tag is not None:
+            if not isinstance(tag, str):
+                raise InvalidOutcome("tag must be a string", obj=where)
+            names.check_tag(tag)
+        step = d.get("step", "main")
+        if not isinstance(step, str):
+            raise InvalidOutcome("step must be a string", obj=where)
+        names.check_ident(step, "step name")
+        params = d.get("params", {})
+        if not isinstance(params, dict):
+            raise InvalidOutcome("params must be an object", obj=where)
+        for k, v in params.items():
+            names.check_ident(k, "parameter name")
+            if not isinstance(v, str | int | float | bool):
+                raise InvalidOutcome(f"param {k!r} must be a string or number", obj=where)
+        prio = d.get("priority")
+        if prio is not None:
+            if not isinstance(prio, int) or isinstance(prio, bool):
+                raise InvalidOutcome("priority must be an integer", obj=where)
+            names.check_priority(prio)
+        program = d.get("program")
+        if program is not None and (not isinstance(program, str) or "\0" in program):
+            raise InvalidOutcome("program must be a path", obj=where)
+    except orjson.JSONDecodeError as e:
+        raise InvalidOutcome(f"is not valid JSON ({e})", obj=where) from None
+    except InvalidOutcome:
+        raise
+    except FlowError as e:
+        raise InvalidOutcome(e.render(), obj=where) from None
+    return ChildDef(label, tag, step, params, prio, program)

@@ -1,0 +1,90 @@
+"""Service classes: a job's pool and required capabilities, named once per distinct pair.
+
+The class id travels in the marker name, so a manager skips jobs it cannot serve, and
+`flow status` reports them as blocked, without opening a job file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import orjson
+
+from httk_flow.errors import FlowError
+from httk_flow.protocol.fsio import atomic_write, fs
+from httk_flow.protocol.names import to36
+from httk_flow.protocol.workspace import Workspace
+
+DEFAULT_POOL = "default"
+
+
+@dataclass(frozen=True)
+class ServiceClass:
+    pool: str | None = None
+    requires: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        if self.pool is None and not self.requires:
+            return ""
+        canon = orjson.dumps([self.pool, sorted(set(self.requires))])
+        return to36(int.from_bytes(hashlib.sha256(canon).digest()[:8], "big"))[:12]
+
+    def describe(self) -> str:
+        parts = [f"pool `{self.pool or DEFAULT_POOL}`"]
+        if self.requires:
+            parts.append("capabilities " + ", ".join(f"`{c}`" for c in sorted(self.requires)))
+        return " with ".join(parts)
+
+    def served_by(self, pools: tuple[str, ...], capabilities: tuple[str, ...]) -> bool:
+        """Whether a manager offering `pools` and `capabilities` serves this class: the one
+        rule of who serves a job (the claim pass uses it). A job without a pool is in the
+        default pool, and a manager with no --pool serves the default pool only."""
+        offered = pools or (DEFAULT_POOL,)
+        return (self.pool or DEFAULT_POOL) in offered and set(self.requires) <= set(capabilities)
+
+
+DEFAULT_CLASS = ServiceClass()
+
+
+class ServiceRegistry:
+    """.flow/classes/<id>.json, written once per class, cached per process."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+        self.dir = os.path.join(ws.flow, "classes")
+        self._cache: dict[str, ServiceClass] = {"": DEFAULT_CLASS}
+
+    def publish(self, sc: ServiceClass) -> str:
+        cid = sc.id
+        if cid in self._cache:
+            return cid
+        path = os.path.join(self.dir, f"{cid}.json")
+        if not fs.exists(path):
+            self.ws.ensure_dir(self.dir)
+            data = orjson.dumps({"pool": sc.pool, "requires": sorted(set(sc.requires))})
+            atomic_write(path, data, durable=self.ws.policy.durable)
+        self._cache[cid] = sc
+        return cid
+
+    def get(self, cid: str) -> ServiceClass | None:
+        """The class of an id, or None when its file is missing or damaged."""
+        sc = self._cache.get(cid)
+        if sc is not None:
+            return sc
+        path = os.path.join(self.dir, f"{cid}.json")
+        try:
+            d = orjson.loads(fs.read_bytes(path, 65536))
+            pool = d.get("pool")
+            req = d.get("requires", [])
+            if (pool is not None and not isinstance(pool, str)) or not isinstance(req, list):
+                return None
+            sc = ServiceClass(pool, tuple(str(r) for r in req))
+        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
+            return None
+        if sc.id != cid:
+            return None
+        self._cache[cid] = sc
+        return sc

@@ -1,0 +1,324 @@
+"""Submission: payload assembled in .flow/tmp and published by rename, then the marker.
+
+A crash at any point leaves either a whole job (payload, frame, marker) or nothing a
+reader counts as a job: the marker is created last, and only ever once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import orjson
+
+from httk_flow.errors import UsageError
+from httk_flow.protocol import names
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.fsio import fs, fsync_dir, write_file
+from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inputs
+from httk_flow.protocol.jobspec import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RETRIES,
+    JobSpec,
+    ParamValue,
+    ParentRef,
+    Program,
+    WorkdirMode,
+    check_params,
+)
+from httk_flow.protocol.names import BIRTH_PREFIX, Marker
+from httk_flow.protocol.programs import ProgramStore
+from httk_flow.protocol.services import ServiceClass, ServiceRegistry
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
+
+#: jobs published per journal write and marker burst
+BATCH = 512
+
+
+@dataclass
+class SubmitRequest:
+    """What a user (or a parent's outcome) asks for; validated into a JobSpec."""
+
+    program: str | Program
+    args: list[str] = field(default_factory=list)
+    name: str = ""
+    tag: str | None = None
+    step: str = "main"
+    params: dict[str, ParamValue] = field(default_factory=dict)
+    priority: int = names.DEFAULT_PRIORITY
+    placement: str | None = None
+    pool: str | None = None
+    requires: list[str] = field(default_factory=list)
+    time: float | None = None
+    retries: int = DEFAULT_RETRIES
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    workdir: WorkdirMode = "persistent"
+    require_outcome: bool = False
+    inputs: list[str] = field(default_factory=list)
+    #: the most bytes the inputs may copy into the job (--input-max)
+    input_max: int = DEFAULT_INPUT_MAX
+    array_index: int | None = None
+    parent: ParentRef | None = None
+    job_id: str | None = None
+    #: where the request came from (FILE:LINE), named in its errors
+    origin: str | None = None
+
+
+class Submitter:
+    """Publishes jobs into one workspace, in batches."""
+
+    def __init__(self, ws: Workspace, *, actor: str = "submit") -> None:
+        self.ws = ws
+        self.actor = actor
+        self.store = ProgramStore(ws)
+        self.services = ServiceRegistry(ws)
+        #: job.json bytes of built specs, written at publication (serialized once)
+        self._raw: dict[str, bytes] = {}
+        #: the last request whose job.json was parsed back: array members differ from it
+        #: only in their index and id, which cannot make job.json unreadable
+        self._checked: SubmitRequest | None = None
+
+    def build(self, req: SubmitRequest) -> JobSpec:
+        """Validate a request into a JobSpec (no file is written)."""
+        try:
+            return self._build(req)
+        except UsageError as e:
+            if req.origin is None:
+                raise
+            raise UsageError(e.render(), obj=req.origin, hint=None) from None
+
+    def _build(self, req: SubmitRequest) -> JobSpec:
+        program = (
+            req.program if isinstance(req.program, Program) else self.store.resolve(req.program)
+        )
+        if req.tag is not None:
+            names.check_tag(req.tag)
+        names.check_ident(req.step, "step name")
+        names.check_priority(req.priority)
+        if req.pool is not None:
+            names.check_label(req.pool, "pool")
+        for cap in req.requires:
+            names.check_label(cap, "capability")
+        if req.retries < 0 or req.max_attempts < 1:
+            raise UsageError("retries must be >= 0 and max attempts >= 1", obj="--retries")
+        if req.time is not None and not 0 < req.time < math.inf:
+            raise UsageError("must be a positive number of seconds", obj="--time")
+        if req.inputs:
+            check_inputs(req.inputs, req.input_max)
+        try:
+            params = check_params(req.params)
+        except Exception as e:  # _Bad carries the sentence
+            raise UsageError(str(e), obj="params") from None
+        job_id = req.job_id or names.new_id()
+        if not req.placement:
+            placement = names.default_placement(job_id)
+        elif req.parent is None:
+            placement = names.check_parent_placement(req.placement)
+        else:
+            placement = names.check_placement(req.placement)
+        spec = JobSpec(
+            id=job_id,
+            key=names.make_key(job_id, req.tag),
+            tag=req.tag,
+            name=req.name,
+            program=program,
+            args=tuple(req.args),
+            step=req.step,
+            params=params,
+            priority=req.priority,
+            placement=placement,
+            pool=req.pool,
+            requires=tuple(req.requires),
+            time=req.time,
+            retries=req.retries,
+            max_attempts=req.max_attempts,
+            workdir=req.workdir,
+            require_outcome=req.require_outcome,
+            parent=req.parent,
+            array_index=req.array_index,
+            created=round(time.time(), 3),
+        )
+        try:
+            raw = spec.to_json()
+        except orjson.JSONEncodeError as e:
+            raise UsageError(
+                f"cannot be written as job.json ({e})", obj=f"job {spec.key}"
+            ) from None
+        # what submit accepts, register must accept: refuse now what job.json refuses later
+        same = dataclasses.replace(req, array_index=None, job_id=None)
+        if same != self._checked:
+            JobSpec.from_json(raw, f"job {spec.key}")
+            self._checked = same
+        if len(self._raw) > 4 * BATCH:
+            self._raw.clear()  # built but never published (validation passes)
+        self._raw[spec.id] = raw
+        return spec
+
+    def submit(
+        self,
+        requests: Iterable[SubmitRequest],
+        *,
+        progress: Callable[[int], None] | None = None,
+        idempotent: bool = False,
+    ) -> Iterator[JobSpec]:
+        """Publish every request; yields each JobSpec once its marker exists.
+
+        With `idempotent`, a job whose payload or marker already exists (a replayed
+        commit registering children) is completed rather than duplicated.
+        """
+        yield from self.publish(
+            ((self.build(req), req) for req in requests), progress=progress, idempotent=idempotent
+        )
+
+    def publish(
+        self,
+        built: Iterable[tuple[JobSpec, SubmitRequest]],
+        *,
+        progress: Callable[[int], None] | None = None,
+        idempotent: bool = False,
+    ) -> Iterator[JobSpec]:
+        """Publish requests already built into specs, in batches (see submit)."""
+        batch: list[tuple[JobSpec, SubmitRequest]] = []
+        for pair in built:
+            batch.append(pair)
+            if len(batch) >= BATCH:
+                yield from self._publish(batch, idempotent)
+                if progress:
+                    progress(len(batch))
+                batch = []
+        if batch:
+            yield from self._publish(batch, idempotent)
+            if progress:
+                progress(len(batch))
+
+    def _publish(
+        self, batch: list[tuple[JobSpec, SubmitRequest]], idempotent: bool
+    ) -> Iterator[JobSpec]:
+        """Payloads, then one journal write, then each marker born inside its payload and
+        moved out by one rename (protocol.md §6): a registrant that wakes from a freeze,
+        or two that race, can never give one job two markers."""
+        ws, durable = self.ws, self.ws.policy.durable
+        staged: list[tuple[JobSpec, str | None]] = []  # (spec, tmp payload or None: exists)
+        try:
+            for spec, req in batch:
+                final = ws.job_dir(spec.placement, spec.key)
+                if idempotent and fs.exists(final):
+                    staged.append((spec, None))  # completed below: O(1) listings, no payload
+                    continue
+                staged.append((spec, self._stage(spec, req)))
+            frames = [_submission_frame(s, self.actor) for s, tmp in staged if tmp is not None]
+            refs = iter(ws.writer.append_many(frames) if frames else [])
+            crash_point("submit.after_journal")
+            births: list[tuple[JobSpec, str]] = []
+            for spec, tmp in staged:
+                if tmp is not None:
+                    service = self.services.publish(ServiceClass(spec.pool, spec.requires))
+                    marker = Marker(spec.key, spec.priority, 0, next(refs), service=service)
+                    write_file(os.path.join(tmp, BIRTH_PREFIX + marker.name), b"", durable=False)
+                    if durable:
+                        fsync_dir(tmp)
+                births.append((spec, tmp or ""))
+            parents: set[str] = set()
+            for spec, tmp in births:
+                if tmp:
+                    final = ws.job_dir(spec.placement, spec.key)
+                    parent = os.path.dirname(final)
+                    ws.ensure_dir(parent)
+                    try:
+                        fs.rename(tmp, final)
+                    except OSError:
+                        if not idempotent or not fs.exists(final):
+                            raise
+                        shutil.rmtree(tmp, ignore_errors=True)  # another registrant's won
+                    parents.add(parent)
+                    crash_point("submit.after_payload")
+            if durable:
+                for d in parents:
+                    fsync_dir(d)
+        except BaseException:
+            for _, tmp in staged:
+                if tmp is not None and os.path.isdir(tmp):
+                    shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        marker_dirs: set[str] = set()
+        for spec, _ in births:
+            moved = self._move_birth(spec)
+            if moved is not None:
+                marker_dirs.add(moved)
+        if durable:
+            for d in marker_dirs:
+                fsync_dir(d)
+        yield from (s for s, _ in batch)
+
+    def _stage(self, spec: JobSpec, req: SubmitRequest) -> str:
+        """The job's payload assembled under .flow/tmp (a name of its own: a submitter
+        killed mid-payload leaves its tmp behind for a replay to meet)."""
+        tmp = os.path.join(self.ws.tmp, f"job-{spec.id}.{os.urandom(4).hex()}")
+        os.mkdir(tmp)
+        try:
+            raw = self._raw.pop(spec.id, None) or spec.to_json()
+            write_file(os.path.join(tmp, "job.json"), raw, durable=self.ws.policy.durable)
+            if req.inputs:
+                copy_inputs(req.inputs, os.path.join(tmp, "files"), req.input_max)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return tmp
+
+    def _move_birth(self, spec: JobSpec) -> str | None:
+        """Move the job's birth marker (if still in its payload) into submitted/; returns
+        the state directory it went to. No birth marker: the job is published already."""
+        ws = self.ws
+        job_dir = ws.job_dir(spec.placement, spec.key)
+        born = _birth_marker(job_dir)
+        if born is None:
+            return None
+        d = ws.state_dir(State.SUBMITTED, spec.placement)
+        src, dst = os.path.join(job_dir, born), os.path.join(d, born[len(BIRTH_PREFIX) :])
+        ws.ensure_dir(d)
+        try:
+            fs.rename(src, dst)
+        except FileNotFoundError:
+            if os.path.isdir(d):
+                return None  # another registrant moved it out first: still one marker
+            ws.forget_dir(d)  # the state directory was retired meanwhile: make it again
+            ws.ensure_dir(d)
+            try:
+                fs.rename(src, dst)
+            except FileNotFoundError:
+                return None
+        if ws.policy.durable:
+            fsync_dir(job_dir)
+        return d
+
+
+def _birth_marker(job_dir: str) -> str | None:
+    """The name of the birth marker inside a payload, if it has not been moved out yet."""
+    try:
+        names = [e.name for e in fs.scandir(job_dir)]
+    except FileNotFoundError:
+        return None
+    return next((n for n in names if n.startswith(BIRTH_PREFIX)), None)
+
+
+def _submission_frame(s: JobSpec, actor: str) -> dict[str, object]:
+    return {
+        "job": s.id,
+        "key": s.key,
+        "placement": s.placement,
+        "to": State.SUBMITTED.value,
+        "gen": 0,
+        "prev": None,
+        "t": s.created,
+        "by": actor,
+        "step": s.step,
+        "act": 1,
+        "try": 0,
+        "tries": 0,
+    }

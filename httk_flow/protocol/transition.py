@@ -1,0 +1,183 @@
+"""The verified transition: one rename of the exact current marker, checked and resolved.
+
+Renaming the current marker is the compare-and-swap of the protocol. A journal frame
+describing the move is appended first; the new marker names it. After any rename error
+the actor looks at what really happened and never guesses.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from httk_flow.errors import FlowError, InvalidName, TransitionConflict
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.fsio import fs, fsync_dir
+from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.names import Marker, check_placement
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
+
+#: snapshot members every frame carries forward, so the newest frame is the job's state
+CARRIED = ("step", "act", "try", "tries", "intr", "deaths", "last", "join_ref")
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandle:
+    """Where a job's marker is: its state kind, placement and parsed marker name."""
+
+    state: State
+    placement: str
+    marker: Marker
+
+    @property
+    def key(self) -> str:
+        return self.marker.key
+
+    @property
+    def job_id(self) -> str:
+        return self.marker.job_id
+
+    def path(self, ws: Workspace) -> str:
+        return ws.marker_path(self.state, self.placement, self.marker)
+
+
+class TransitionObserver(Protocol):
+    """Told of every transition this process made through one Workspace object, after its
+    rename succeeded: the handle before, the handle after, the frame written, and the
+    caller's `note` (None when it gave none; never written into the frame)."""
+
+    def __call__(self, old: JobHandle, new: JobHandle, frame: Frame, note: str | None) -> None:
+        """Record the move; it has happened and cannot be undone here."""
+
+
+def carry(frame: Frame, **changes: Any) -> dict[str, Any]:
+    """The snapshot of `frame` with `changes` applied: the body of the next frame."""
+    body = {k: frame[k] for k in CARRIED if k in frame}
+    body.update(changes)
+    return body
+
+
+def transition(
+    ws: Workspace,
+    job: JobHandle,
+    target: State,
+    body: dict[str, Any],
+    *,
+    actor: str,
+    priority: int | None = None,
+    not_before: int = 0,
+    note: str | None = None,
+) -> JobHandle:
+    """Move `job` to `target`, recording `body` in the journal; returns the new handle.
+
+    Once the rename succeeded, each of the workspace's `on_transition` observers is told
+    (old handle, new handle, frame, `note`); `note` is for them only, not for the frame.
+    Raises TransitionConflict when another actor moved the marker first.
+    """
+    job.state.check(target)
+    frame: Frame = {
+        "job": job.job_id,
+        "key": job.key,
+        "placement": job.placement,
+        "from": job.state.value,
+        "to": target.value,
+        "gen": job.marker.generation + 1,
+        "prev": str(job.marker.ref),
+        "t": round(time.time(), 3),
+        "by": actor,
+    }
+    frame.update(body)
+    ref = ws.writer.append(frame)
+    crash_point("transition.after_journal")
+    new = JobHandle(
+        target, job.placement, job.marker.successor(ref, priority=priority, not_before=not_before)
+    )
+    rename_marker(ws, job, new)
+    crash_point("transition.after_rename")
+    if ws.on_transition:
+        for observer in ws.on_transition:
+            observer(job, new, frame, note)
+    return new
+
+
+def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
+    """Rename old -> new, creating the target directory once, resolving any error."""
+    src, dst = old.path(ws), new.path(ws)
+    dst_dir = os.path.dirname(dst)
+    ws.check_state_dir(dst_dir)
+    try:
+        fs.rename(src, dst)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            # perhaps the first job of this placement in this state: make the directory
+            # (another actor may be making it too) and try once more; a source that is
+            # really gone fails again and is resolved below
+            os.makedirs(dst_dir, exist_ok=True)
+            ws.check_state_dir(dst_dir, again=True)
+            try:
+                fs.rename(src, dst)
+            except OSError as e2:
+                _resolve(ws, old, new, e2)
+        else:
+            _resolve(ws, old, new, e)
+    if ws.policy.durable:
+        fsync_dir(dst_dir)
+        if os.path.dirname(src) != dst_dir:
+            fsync_dir(os.path.dirname(src))
+
+
+def _resolve(ws: Workspace, old: JobHandle, new: JobHandle, err: OSError) -> None:
+    """Decide what a failed rename did: won, lost, or unknown (stop and report)."""
+    if fs.exists(new.path(ws)):
+        return  # the rename happened although it reported an error (NFS retransmit)
+    if fs.exists(old.path(ws)):
+        raise FlowError(
+            f"cannot move marker ({err.strerror})",
+            obj=old.path(ws),
+            hint="check permissions and free space in the workspace",
+        ) from err
+    # the job may move across kinds while we list them one by one: look a few times
+    other = None
+    for pause in (0.0, 0.01, 0.05, 0.2):
+        time.sleep(pause)
+        other = locate_key(ws, old.placement, old.key)
+        if other is not None:
+            break
+    if other is not None:
+        raise TransitionConflict(
+            f"lost the race: the job is now {other.state.value} generation "
+            f"{other.marker.generation}",
+            obj=f"job {old.key}",
+        )
+    raise FlowError(
+        "marker vanished during a transition and no other marker exists",
+        obj=f"job {old.key}",
+        hint="run `flow fsck` before continuing",
+    )
+
+
+def locate_key(ws: Workspace, placement: str, key: str) -> JobHandle | None:
+    """The job's marker found by looking in every state kind of its placement."""
+    try:
+        # callers may hold a placement read from a frame or a request: never list a path
+        # that no submission could have made (one that leads out of the state tree)
+        check_placement(placement)
+    except InvalidName:
+        return None
+    prefix = key + "."
+    for st in State:
+        try:
+            # through the seam, so an NFS model sees (and can delay) this listing too
+            names = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith(prefix):
+                m = Marker.parse_or_none(n)
+                if m is not None and m.key == key:
+                    return JobHandle(st, placement, m)
+    return None

@@ -1,0 +1,293 @@
+"""A workspace on disk: its format, its policy, its layout, and how to find it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from httk_flow.errors import UnsafePath, UsageError, WorkspaceError
+from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir
+from httk_flow.protocol.journal import JournalReader, JournalWriter
+from httk_flow.protocol.names import Marker, new_id
+from httk_flow.protocol.states import State
+
+FORMAT_NAME = "httk-flow"
+FORMAT_VERSION = 1
+FLOW_DIR = ".flow"
+
+#: the shortest lease accepted: file timestamps are as coarse as 1 s on some filesystems,
+#: and a heartbeat on a loaded shared filesystem can take a good part of a second
+MIN_LEASE = 1.0
+
+
+def lease_problem(seconds: float) -> str | None:
+    """Why `seconds` cannot be a manager lease, or None when it can."""
+    if not seconds >= MIN_LEASE:  # also refuses NaN
+        return (
+            f"a lease of {seconds:g} s is below the floor of {MIN_LEASE:g} s "
+            "(file timestamps and heartbeat writes are not finer than that)"
+        )
+    return None
+
+
+def check_lease(seconds: float, option: str = "--lease") -> float:
+    """`seconds` if it can be a lease; else a UsageError naming `option` and the floor."""
+    why = lease_problem(seconds)
+    if why is not None:
+        raise UsageError(why, obj=option, hint=f"pass {option} {MIN_LEASE:g}s or more")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Workspace-wide settings fixed at `flow init` (absent keys read as these defaults)."""
+
+    #: seconds a manager's heartbeat stays valid
+    lease: float = 30.0
+    #: fsync every file and its directory before the rename that publishes it
+    durable: bool = False
+    #: a journal segment is closed and a new one started past this size
+    segment_bytes: int = 16 * 1024 * 1024
+    #: an attempt of a silent manager is taken over after lease * takeover_factor
+    takeover_factor: float = 2.0
+    #: allow taking over a persistent workdir on lease age alone (site decision)
+    persistent_takeover: bool = False
+    #: seconds before the first retry; doubled per further retry of an activation
+    backoff_base: float = 2.0
+    #: the longest backoff between two attempts
+    backoff_cap: float = 600.0
+    #: days to keep attempt directories of finished jobs before `flow gc` collects them
+    keep_attempts_days: float = 7.0
+    #: days to keep journal segments no marker references before `flow gc` deletes them
+    keep_journal_days: float = 30.0
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> Policy:
+        if not isinstance(data, dict):
+            raise WorkspaceError("policy is not an object", obj=where)
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise WorkspaceError(
+                f"unknown policy key(s) {', '.join(unknown)}",
+                obj=where,
+                hint="this workspace was made by a newer httk_flow; upgrade it",
+            )
+        values: dict[str, Any] = {}
+        for k, v in data.items():
+            want = type(getattr(cls(), k))
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if not isinstance(v, want) or (want is not bool and isinstance(v, bool)):
+                raise WorkspaceError(f"policy key {k} must be a {want.__name__}", obj=where)
+            values[k] = v
+        policy = cls(**values)
+        if policy.segment_bytes < 4096:
+            raise WorkspaceError("policy has tiny segments", obj=where)
+        why = lease_problem(policy.lease)
+        if why is not None:
+            raise WorkspaceError(
+                f"policy key lease: {why}",
+                obj=where,
+                hint=f"set the lease to {MIN_LEASE:g} or more",
+            )
+        return policy
+
+
+@dataclass(frozen=True)
+class WorkspaceFormat:
+    workspace_id: str
+    created: float
+    policy: Policy = field(default_factory=Policy)
+    name: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "format": self.name,
+                "version": self.version,
+                "workspace_id": self.workspace_id,
+                "created": self.created,
+                "policy": asdict(self.policy),
+            },
+            option=orjson.OPT_INDENT_2,
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> WorkspaceFormat:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise WorkspaceError(f"is not valid JSON ({e})", obj=where) from e
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+            raise WorkspaceError("is not an httk-flow workspace format file", obj=where)
+        version = data.get("version")
+        if type(version) is not int or version != FORMAT_VERSION:
+            raise WorkspaceError(
+                f"has format version {version!r}; this httk_flow reads version {FORMAT_VERSION}",
+                obj=where,
+                hint="use the httk_flow version that created the workspace",
+            )
+        wid, created = data.get("workspace_id"), data.get("created")
+        if not isinstance(wid, str) or not isinstance(created, int | float):
+            raise WorkspaceError("lacks workspace_id or created", obj=where)
+        return cls(wid, float(created), Policy.from_json(data.get("policy", {}), where))
+
+
+class Workspace:
+    """An open workspace: paths, policy, and this process's journal writer and reader."""
+
+    def __init__(self, root: str, fmt: WorkspaceFormat) -> None:
+        self.root = root
+        self.format = fmt
+        self.policy = fmt.policy
+        self.flow = os.path.join(root, FLOW_DIR)
+        self.state_root = os.path.join(self.flow, "state")
+        self.tmp = os.path.join(self.flow, "tmp")
+        self.programs = os.path.join(self.flow, "programs")
+        self.managers = os.path.join(self.flow, "managers")
+        self.requests = os.path.join(self.flow, "requests")
+        self.journal_dir = os.path.join(self.flow, "journal")
+        self.host = socket.gethostname()
+        self._writer: JournalWriter | None = None
+        self._reader: JournalReader | None = None
+        self._known_dirs: set[str] = set()
+        self._safe_dirs: set[str] = set()
+        self._real_state = os.path.realpath(self.state_root)
+        #: called after each successful transition made through this object (none: free)
+        #: told of every transition made through this object (protocol.transition's
+        #: TransitionObserver); typed loosely here, below the module that defines handles
+        self.on_transition: list[Callable[..., None]] = []
+
+    # -- creation and discovery -------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, path: str, *, durable: bool = False, lease: float | None = None, exist_ok: bool = False
+    ) -> Workspace:
+        if lease is not None:
+            check_lease(float(lease))
+        root = os.path.abspath(path)
+        flow = os.path.join(root, FLOW_DIR)
+        if os.path.exists(os.path.join(flow, "format.json")):
+            if not exist_ok:
+                raise UsageError(
+                    "is already a workspace", obj=root, hint="pass --exist-ok to accept that"
+                )
+            return cls.open(root)
+        policy = Policy(durable=durable, lease=float(lease) if lease is not None else Policy.lease)
+        fmt = WorkspaceFormat(workspace_id=new_id(), created=time.time(), policy=policy)
+        os.makedirs(flow, exist_ok=True)
+        for sub in ("tmp", "programs", "managers", "requests", "journal", "allocations"):
+            os.makedirs(os.path.join(flow, sub), exist_ok=True)
+        for st in State:
+            os.makedirs(os.path.join(flow, "state", st.value), exist_ok=True)
+        atomic_write(os.path.join(flow, "format.json"), fmt.to_json(), durable=True)
+        fsync_dir(root)
+        return cls(root, fmt)
+
+    @classmethod
+    def open(cls, path: str) -> Workspace:
+        root = os.path.abspath(path)
+        where = os.path.join(root, FLOW_DIR, "format.json")
+        try:
+            raw = fs.read_bytes(where, 1 << 20)
+        except FileNotFoundError:
+            raise WorkspaceError(
+                "is not a workspace (no .flow/format.json)",
+                obj=root,
+                hint="create one with `flow init`",
+            ) from None
+        except OSError as e:
+            raise WorkspaceError(f"cannot read ({e.strerror})", obj=where) from e
+        return cls(root, WorkspaceFormat.from_json(raw, where))
+
+    @classmethod
+    def find(cls, explicit: str | None = None, start: str | None = None) -> Workspace:
+        """-w PATH, else $FLOW_WORKSPACE, else the nearest ancestor holding .flow/."""
+        chosen = explicit or os.environ.get("FLOW_WORKSPACE")
+        if chosen:
+            return cls.open(chosen)
+        here = Path(start or os.getcwd()).resolve()
+        for d in (here, *here.parents):
+            if (d / FLOW_DIR / "format.json").is_file():
+                return cls.open(str(d))
+        raise WorkspaceError(
+            f"no workspace found in {here} or any parent directory",
+            hint="pass -w PATH, set FLOW_WORKSPACE, or create one with `flow init`",
+        )
+
+    # -- layout ------------------------------------------------------------------
+
+    def state_dir(self, state: State, placement: str = "") -> str:
+        base = os.path.join(self.state_root, state.value)
+        return os.path.join(base, placement) if placement else base
+
+    def marker_path(self, state: State, placement: str, marker: Marker) -> str:
+        # hot (twice per transition): placements are validated relative paths, never empty
+        return f"{self.state_root}/{state.value}/{placement}/{marker.name}"
+
+    def job_dir(self, placement: str, key: str) -> str:
+        return os.path.join(self.root, placement, key)
+
+    def program_path(self, digest: str) -> str:
+        return os.path.join(self.programs, digest)
+
+    def ensure_dir(self, path: str) -> None:
+        """mkdir -p, remembered so hot paths pay for it once per directory per process."""
+        if path in self._known_dirs:
+            return
+        os.makedirs(path, exist_ok=True)
+        self._known_dirs.add(path)
+
+    def check_state_dir(self, path: str, *, again: bool = False) -> None:
+        """Refuse a state directory that leads out of the state tree (a planted symlink).
+
+        Checked once per directory per process: realpath costs a few lstat calls."""
+        if path in self._safe_dirs and not again:
+            return
+        if not os.path.lexists(path):
+            return  # about to be made; checked again once it exists
+        real = os.path.realpath(path)
+        if real != self._real_state and not real.startswith(self._real_state + os.sep):
+            raise UnsafePath(
+                "leads out of the workspace's state tree; refusing to use it",
+                obj=path,
+                hint="remove the symbolic link and run `flow fsck`",
+            )
+        self._safe_dirs.add(path)
+
+    def forget_dir(self, path: str) -> None:
+        self._known_dirs.discard(path)
+
+    # -- journal -----------------------------------------------------------------
+
+    @property
+    def writer(self) -> JournalWriter:
+        if self._writer is None:
+            self._writer = JournalWriter(
+                self.journal_dir,
+                durable=self.policy.durable,
+                segment_bytes=self.policy.segment_bytes,
+            )
+        return self._writer
+
+    @property
+    def reader(self) -> JournalReader:
+        if self._reader is None:
+            self._reader = JournalReader(self.journal_dir)
+        return self._reader
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader is not None:
+            self._reader.close()

@@ -1,0 +1,328 @@
+"""The allocation reconciler: manager allocations kept matched to the queued work.
+
+Desired state (from the queue) against observed state (from the backend), one idempotent
+step per allocation per tick. A record is written before every submission and carries a
+token minted before it, so a crash or an unknown answer is resolved by asking the
+backend for the token, never by submitting blindly again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from httk_flow.errors import UsageError
+from httk_flow.ops.status import workspace_status
+from httk_flow.protocol.leases import read_managers
+from httk_flow.protocol.names import to36
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
+from httk_flow.scale.allocation_records import (
+    AllocationRecord,
+    AllocationStore,
+    AllocPhase,
+    ReconcilerLease,
+)
+from httk_flow.scale.backends.base import (
+    AllocationBackend,
+    AllocationRequest,
+    BackendUnavailable,
+    Outcome,
+    Phase,
+)
+
+__all__ = [
+    "AllocPhase",
+    "AllocationRecord",
+    "AllocationStore",
+    "Reconciler",
+    "ReconcilerLease",
+    "ScaleSettings",
+    "TickReport",
+]
+
+#: the environment variable through which a manager learns its allocation's token
+TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"
+#: failures in a row (allocations that never ran) before the queue is paused
+PAUSE_AFTER = 3
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    max: int = 4
+    min: int = 0
+    jobs_per_manager: int = 100
+    serve_args: tuple[str, ...] = ()
+    time: float | None = None
+    drain: float = 120.0
+    extra_args: tuple[str, ...] = ()
+    backoff_base: float = 30.0
+
+
+@dataclass
+class TickReport:
+    desired: int = 0
+    active: int = 0
+    submitted: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    unavailable: str = ""
+    paused: str = ""
+
+
+class Reconciler:
+    def __init__(
+        self,
+        ws: Workspace,
+        backend: AllocationBackend,
+        settings: ScaleSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.backend = backend
+        self.settings = settings
+        self.clock = clock
+        self.store = AllocationStore(ws)
+        self.owner = "r" + to36(secrets.randbits(40))
+        self._draining: set[str] = set()
+        #: a test seam: called with "after_submit" between the backend's answer and the
+        #: record that stores it, to model a crash there
+        self.fault = fault
+
+    # -- desired -----------------------------------------------------------------
+
+    def desired(self) -> tuple[int, int]:
+        """(allocations wanted, jobs that want a manager now)."""
+        r = workspace_status(self.ws)
+        queued = r.counts[State.SUBMITTED] + r.counts[State.READY]
+        active = sum(r.counts[s] for s in State if s.is_active)
+        work = queued + active
+        s = self.settings
+        want = math.ceil(work / max(1, s.jobs_per_manager)) if work else 0
+        return max(s.min, min(s.max, want)), queued
+
+    # -- one tick ------------------------------------------------------------------
+
+    def tick(self) -> TickReport:
+        report = TickReport()
+        records = [r for r in self.store.load_all() if r.backend == self.backend.name]
+        try:
+            records = self._observe(records, report)
+        except BackendUnavailable as e:
+            report.unavailable = e.render()
+            return report  # an unavailable scheduler moves no state
+        want, queued = self.desired()
+        report.desired = want
+        active = [r for r in records if r.phase.active]
+        report.active = len(active)
+        # allocations still winding down count against --max until they are gone
+        winding = sum(1 for r in records if r.phase is AllocPhase.CANCELLING)
+        room = max(0, self.settings.max - len(active) - winding)
+        paused = self.store.paused()
+        if paused is None:
+            paused = self._failures(records)
+        report.paused = paused or ""
+        if len(active) < want and not paused and not self._backing_off(records):
+            for _ in range(min(want - len(active), room)):
+                rec = self._new()
+                report.submitted.append(rec.token)
+                self._submit(rec, report)
+        elif len(active) > want:
+            self._shrink(active, len(active) - want, queued, report)
+        return report
+
+    def _put(self, rec: AllocationRecord, **changes: object) -> AllocationRecord:
+        new = replace(rec, updated=self.clock(), **changes)  # type: ignore[arg-type]
+        self.store.save(new)
+        return new
+
+    def _new(self) -> AllocationRecord:
+        now = self.clock()
+        rec = AllocationRecord(
+            "a" + secrets.token_hex(8), self.backend.name, AllocPhase.REQUESTED, now, now
+        )
+        self.store.save(rec)  # the record exists before the submission does
+        return rec
+
+    def _request(self, rec: AllocationRecord) -> AllocationRequest:
+        s = self.settings
+        return AllocationRequest(
+            self.ws.root,
+            rec.token,
+            s.serve_args,
+            s.time,
+            s.drain,
+            s.extra_args,
+            os.path.join(self.ws.flow, "allocations", "logs"),
+        )
+
+    def _submit(self, rec: AllocationRecord, report: TickReport) -> AllocationRecord:
+        try:
+            res = self.backend.submit(self._request(rec))
+        except BackendUnavailable as e:
+            return self._put(rec, phase=AllocPhase.UNKNOWN, reason=e.render())
+        if self.fault is not None:
+            self.fault("after_submit")
+        if res.outcome in (Outcome.CREATED, Outcome.EXISTING):
+            return self._put(rec, phase=AllocPhase.PENDING, handle=res.handle, reason="")
+        if res.outcome is Outcome.REJECTED:
+            return self._put(rec, phase=AllocPhase.FAILED, reason=res.reason)
+        return self._put(rec, phase=AllocPhase.UNKNOWN, reason=res.reason)
+
+    def _observe(
+        self, records: list[AllocationRecord], report: TickReport
+    ) -> list[AllocationRecord]:
+        out = []
+        for rec in records:
+            if rec.phase is AllocPhase.CANCELLING and not rec.handle:
+                handle = self.backend.find_by_token(self.ws.root, rec.token)
+                if handle is None:
+                    rec = self._put(rec, phase=AllocPhase.CANCELLED, reason="never submitted")
+                else:
+                    rec = self._put(rec, handle=handle)
+                    self.backend.cancel(handle)
+            if rec.phase in (AllocPhase.REQUESTED, AllocPhase.UNKNOWN):
+                # never submit again without asking whether the first one exists
+                handle = self.backend.find_by_token(self.ws.root, rec.token)
+                if handle is not None:
+                    rec = self._put(
+                        rec, phase=AllocPhase.PENDING, handle=handle, reason="adopted by token"
+                    )
+                    report.adopted.append(rec.token)
+                else:
+                    rec = self._submit(rec, report)
+            out.append(rec)
+        handles = [r.handle for r in out if r.handle and not r.phase.ended]
+        seen = self.backend.observe(handles) if handles else {}
+        # a manager that heartbeated from an allocation proves the allocation ran
+        lives = read_managers(self.ws)
+        served = {lv.info.allocation for lv in lives if lv.info.allocation}
+        self._draining = {lv.info.allocation for lv in lives if lv.alive and lv.info.draining}
+        final = []
+        for rec in out:
+            obs = seen.get(rec.handle or "")
+            if rec.token in served and not rec.ran:
+                rec = self._put(rec, ran=True)
+            if obs is not None and not rec.phase.ended:
+                rec = self._apply(rec, obs.phase, obs.reason)
+            final.append(rec)
+        return final
+
+    def _apply(self, rec: AllocationRecord, phase: Phase, reason: str) -> AllocationRecord:
+        if rec.phase is AllocPhase.CANCELLING:
+            if phase in (Phase.DONE, Phase.FAILED, Phase.UNKNOWN):
+                return self._put(rec, phase=AllocPhase.CANCELLED, reason=reason)
+            if rec.handle and rec.token not in self._draining:
+                # marked but perhaps never cancelled (a crash in between): ask again; a
+                # manager already draining is left alone, a second TERM would kill it
+                self.backend.cancel(rec.handle)
+            return rec
+        target = {
+            Phase.PENDING: AllocPhase.PENDING,
+            Phase.RUNNING: AllocPhase.RUNNING,
+            Phase.DONE: AllocPhase.DONE,
+            Phase.FAILED: AllocPhase.FAILED,
+            Phase.UNKNOWN: AllocPhase.DONE if rec.ran else AllocPhase.FAILED,
+        }[phase]
+        if target is rec.phase:
+            return rec
+        ran = rec.ran or phase is Phase.RUNNING
+        if target is AllocPhase.DONE and not ran:
+            target = AllocPhase.FAILED
+            reason = reason or "ended without ever running"
+        return self._put(rec, phase=target, ran=ran, reason=reason)
+
+    def _recent_failures(self, records: list[AllocationRecord]) -> list[AllocationRecord]:
+        """Failed allocations since the last one that ran or the last unpause (newest last)."""
+        streak: list[AllocationRecord] = []
+        since = self.store.unpaused_at()
+        for rec in sorted(records, key=lambda r: r.updated):
+            if rec.updated <= since:
+                continue
+            if rec.phase is AllocPhase.FAILED and not rec.ran:
+                streak.append(rec)
+            elif rec.ran:
+                streak = []
+        return streak
+
+    def _failures(self, records: list[AllocationRecord]) -> str | None:
+        streak = self._recent_failures(records)
+        if len(streak) >= PAUSE_AFTER:
+            reason = (
+                f"{len(streak)} allocations in a row failed to start; last: "
+                f"{streak[-1].reason or 'no reason given'}; after fixing the cause "
+                "run `flow scale --unpause`"
+            )
+            self.store.pause(reason)
+            return reason
+        return None
+
+    def _backing_off(self, records: list[AllocationRecord]) -> bool:
+        streak = self._recent_failures(records)
+        if not streak:
+            return False
+        wait = self.settings.backoff_base * 2.0 ** (len(streak) - 1)
+        return bool(self.clock() < streak[-1].updated + wait)
+
+    def _shrink(
+        self, active: list[AllocationRecord], surplus: int, queued: int, report: TickReport
+    ) -> None:
+        """Cancel allocations no longer needed: unstarted ones first, then idle managers.
+
+        Every victim is marked cancelling before any is cancelled (one ordered barrier),
+        so a crash in between leaves intent on disk and nothing half done."""
+        busy = {
+            lv.info.allocation
+            for lv in read_managers(self.ws)
+            if lv.alive and (lv.info.running or lv.info.draining)
+        }
+        order = sorted(active, key=lambda r: (r.phase is AllocPhase.RUNNING, -r.created))
+        victims = [r for r in order if r.token not in busy][:surplus]
+        if queued and not victims:
+            return
+        marked = [
+            self._put(r, phase=AllocPhase.CANCELLING, reason="no longer needed") for r in victims
+        ]
+        for before, rec in zip(victims, marked, strict=True):
+            if rec.handle:
+                try:
+                    self.backend.cancel(rec.handle)
+                except BackendUnavailable as e:
+                    # not (known to be) sent: back as it was, the next tick tries again
+                    report.unavailable = e.render()
+                    self._put(rec, phase=before.phase, reason=f"cancel not sent: {e.render()}")
+                    continue
+            report.cancelled.append(rec.token)
+
+    def run(
+        self,
+        *,
+        interval: float,
+        once: bool,
+        on_tick: Callable[[TickReport], None] | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> TickReport:
+        lease = ReconcilerLease(self.ws, self.owner, ttl=max(30.0, 3 * interval))
+        report = TickReport()
+        try:
+            while True:
+                if not lease.acquire():
+                    raise UsageError(
+                        "another `flow scale` is reconciling this workspace",
+                        obj="flow scale",
+                        hint="stop it first, or wait",
+                    )
+                report = self.tick()
+                if on_tick:
+                    on_tick(report)
+                if once or should_stop():
+                    return report
+                time.sleep(interval)
+        finally:
+            lease.release()

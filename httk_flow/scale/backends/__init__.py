@@ -1,0 +1,69 @@
+"""Allocation backends: how manager allocations are submitted, observed and cancelled.
+
+The core names no batch system. Backends are the modules and packages of this package
+that define BACKEND; they are found by listing the package, not by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+from typing import Any
+
+from httk_flow.errors import UsageError
+from httk_flow.scale.backends.base import AllocationBackend
+
+
+@cache
+def available() -> dict[str, AllocationBackend]:
+    """Every backend this installation ships, by name."""
+    found: dict[str, AllocationBackend] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name == "base":
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        backend = getattr(mod, "BACKEND", None)
+        if backend is not None:
+            found[backend.name] = backend
+    return found
+
+
+def commands() -> list[Any]:
+    """Click commands contributed by backends (each module's COMMANDS list)."""
+    out: list[Any] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name == "base":
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        out.extend(getattr(mod, "COMMANDS", []))
+    return out
+
+
+def submit_arg_flags() -> list[str]:
+    """Option names backends give to their submission arguments (SUBMIT_ARG_FLAGS)."""
+    flags: list[str] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "base":
+            mod = importlib.import_module(f"{__name__}.{info.name}")
+            flags.extend(getattr(mod, "SUBMIT_ARG_FLAGS", []))
+    return flags
+
+
+def get(name: str) -> AllocationBackend:
+    backends = available()
+    if name not in backends:
+        raise UsageError(
+            f"is not a backend; choose one of {', '.join(sorted(backends))}",
+            obj=f"backend {name!r}",
+        )
+    return backends[name]
+
+
+def current_allocation_end() -> float | None:
+    """When the allocation this process runs in ends (unix time), if a backend can tell."""
+    for backend in available().values():
+        end = backend.allocation_end()
+        if end is not None:
+            return end
+    return None

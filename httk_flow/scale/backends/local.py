@@ -1,0 +1,151 @@
+"""The local backend: manager allocations as detached processes on this host.
+
+The default, and what laptops and tests use. A submission record written before the
+process starts carries the token, so a crash between the two is found by token.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+
+from httk_flow.protocol.fsio import atomic_write
+from httk_flow.protocol.procs import proc_start_time, process_alive
+from httk_flow.scale.backends.base import (
+    AllocationRequest,
+    BackendUnavailable,
+    Observation,
+    Outcome,
+    Phase,
+    SubmitResult,
+)
+
+#: the allocation's end, exported to the manager it runs (unix seconds)
+END_ENV = "FLOW_ALLOCATION_END"
+TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"  # read by the manager for its heartbeat
+
+
+def _dir(workspace: str) -> str:
+    return os.path.join(workspace, ".flow", "allocations", "local")
+
+
+class LocalBackend:
+    name = "local"
+
+    def submit(self, request: AllocationRequest) -> SubmitResult:
+        d = _dir(request.workspace)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"{request.token}.json")
+        if os.path.exists(path):
+            handle = self._handle(path)
+            return SubmitResult(Outcome.EXISTING, handle)
+        env = dict(os.environ)
+        env[TOKEN_ENV] = request.token
+        if request.time:
+            # the manager stops claiming and drains so that all ends by the walltime
+            env[END_ENV] = str(time.time() + max(0.0, request.time - request.drain))
+        log_dir = request.log_dir or d
+        os.makedirs(log_dir, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "httk_flow",
+            "serve",
+            "-w",
+            request.workspace,
+            *request.serve_args,
+        ]
+        try:
+            with open(os.path.join(log_dir, f"{request.token}.log"), "ab") as log:
+                p = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as e:
+            return SubmitResult(Outcome.REJECTED, reason=f"cannot start a manager: {e}")
+        record = {
+            "token": request.token,
+            "pid": p.pid,
+            "start_time": proc_start_time(p.pid) or 0,
+            "started": time.time(),
+        }
+        atomic_write(path, orjson.dumps(record), durable=False)
+        return SubmitResult(Outcome.CREATED, f"{p.pid}:{record['start_time']}")
+
+    @staticmethod
+    def _handle(path: str) -> str | None:
+        try:
+            with open(path, "rb") as fh:
+                d = orjson.loads(fh.read())
+            return f"{int(d['pid'])}:{int(d.get('start_time', 0))}"
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
+    def observe(self, handles: list[str]) -> dict[str, Observation]:
+        out = {}
+        for h in handles:
+            pid, start = _split(h)
+            if pid is None:
+                out[h] = Observation(Phase.UNKNOWN, "not a local handle")
+            elif process_alive(pid, start):
+                out[h] = Observation(Phase.RUNNING)
+            else:
+                _reap(pid)
+                out[h] = Observation(Phase.DONE)
+        return out
+
+    def find_by_token(self, workspace: str, token: str) -> str | None:
+        path = os.path.join(_dir(workspace), f"{token}.json")
+        if not os.path.exists(path):
+            return None
+        handle = self._handle(path)
+        if handle is None:
+            raise BackendUnavailable("its submission record is unreadable", obj=path)
+        return handle
+
+    def cancel(self, handle: str) -> None:
+        pid, start = _split(handle)
+        if pid is not None and process_alive(pid, start):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def diagnostics(self) -> dict[str, str]:
+        return {"backend": self.name, "python": sys.executable}
+
+    def allocation_end(self) -> float | None:
+        value = os.environ.get(END_ENV)
+        try:
+            return float(value) if value else None
+        except ValueError:
+            return None
+
+
+def _split(handle: str) -> tuple[int | None, int | None]:
+    pid, _, start = handle.partition(":")
+    try:
+        return int(pid), int(start or 0)
+    except ValueError:
+        return None, None
+
+
+def _reap(pid: int) -> None:
+    # the manager may be our own child (tests, `flow scale` in the foreground)
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+BACKEND = LocalBackend()
