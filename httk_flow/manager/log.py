@@ -13,6 +13,7 @@ from typing import IO, Any
 import orjson
 
 from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 
 
@@ -57,17 +58,20 @@ class ManagerLog:
     def observe(self, old: JobHandle, new: JobHandle, frame: Frame, note: str | None) -> None:
         """The workspace's transition observer: one line for the move just made.
 
-        Its reason is the caller's note, else the frame's `why`, else its failure code.
+        Its reason is the caller's note, else the frame's `why`; a move to failed also
+        names the failure code (`fail: bad_input`), the word an operator searches for.
         """
         if not self.enabled:
             return
+        failure = frame.get("failure")
+        code = failure.get("code") if isinstance(failure, dict) else None
         why = note
         if why is None:
             why = frame.get("why")
             if not isinstance(why, str):
-                failure = frame.get("failure")
-                code = failure.get("code") if isinstance(failure, dict) else None
-                why = code if isinstance(code, str) else ""
+                why = ""
+        if new.state is State.FAILED and isinstance(code, str) and code and code != why:
+            why = f"{why}: {code}" if why else code
         self.transition(old.key, old.state.value, new.state.value, why)
 
     def info(self, message: str, **fields: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,6 +22,13 @@ def find(ws: Workspace, ident: str) -> JobHandle:
     ident = ident.strip()
     # a job moving between two listings may be seen twice: one key, one job
     matches = list({h.key: h for h in _matches(ws, ident)}.values())
+    for pause in (0.01, 0.05):
+        if matches:
+            break
+        # or not at all, when it moved into a state kind the walk had already listed:
+        # a job that exists is found by a second look, one that does not costs two
+        time.sleep(pause)
+        matches = list({h.key: h for h in _matches(ws, ident)}.values())
     if len(matches) == 1:
         return matches[0]
     if not matches:

@@ -126,6 +126,8 @@ def test_every_transition_of_a_real_run_has_exactly_one_log_line(
     why = {(key, src, dst): w for _, key, src, dst, w in lines}
     nolaunch = job(root, ids["nolaunch"]).handle.key
     assert why[(nolaunch, "claimed", "failed")] == "launch_error"  # new: it had no line
+    failing = job(root, ids["fail"]).handle.key
+    assert why[(failing, "committing", "failed")] == "fail: broken"  # the code an operator greps
     cancel = job(root, ids["cancel"]).handle.key
     assert why[(cancel, "cancelling", "cancelled")] == "exit verified"
     retry = job(root, ids["retry"]).handle.key
