@@ -108,6 +108,16 @@ def test_a_replayed_registration_of_published_children_lists_each_job_dir_once(
         fsio.set_filesystem(previous)
     # O(1) per child: its own directory, never the state kinds of its placement
     assert len(counting.listed) == len(ids)
+    # a first registration knows its birth markers' names: it lists no job directory
+    fresh = [names.new_id() for _ in range(50)]
+    counting.listed.clear()
+    previous = fsio.set_filesystem(counting)
+    try:
+        list(Submitter(ws, actor="c").submit([_child(i) for i in fresh], idempotent=True))
+    finally:
+        fsio.set_filesystem(previous)
+    assert counting.listed == []
+    assert all(len(_markers(ws, i)) == 1 for i in fresh)
     assert all(len(_markers(ws, i)) == 1 for i in ids)
 
 

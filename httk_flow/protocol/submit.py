@@ -215,18 +215,21 @@ class Submitter:
             frames = [_submission_frame(s, self.actor) for s, tmp in staged if tmp is not None]
             refs = iter(ws.writer.append_many(frames) if frames else [])
             crash_point("submit.after_journal")
-            births: list[tuple[JobSpec, str]] = []
+            # (spec, tmp payload, its birth marker's name; None: look in the job directory)
+            births: list[tuple[JobSpec, str | None, str | None]] = []
             for spec, tmp in staged:
+                born = None
                 if tmp is not None:
                     service = self.services.publish(ServiceClass(spec.pool, spec.requires))
                     marker = Marker(spec.key, spec.priority, 0, next(refs), service=service)
-                    write_file(os.path.join(tmp, BIRTH_PREFIX + marker.name), b"", durable=False)
+                    born = BIRTH_PREFIX + marker.name
+                    write_file(os.path.join(tmp, born), b"", durable=False)
                     if durable:
                         fsync_dir(tmp)
-                births.append((spec, tmp or ""))
+                births.append((spec, tmp, born))
             parents: set[str] = set()
-            for spec, tmp in births:
-                if tmp:
+            for i, (spec, tmp, _born) in enumerate(births):
+                if tmp is not None:
                     final = ws.job_dir(spec.placement, spec.key)
                     parent = os.path.dirname(final)
                     ws.ensure_dir(parent)
@@ -236,6 +239,7 @@ class Submitter:
                         if not idempotent or not fs.exists(final):
                             raise
                         shutil.rmtree(tmp, ignore_errors=True)  # another registrant's won
+                        births[i] = (spec, tmp, None)  # its birth marker's name is not ours
                     parents.add(parent)
                     crash_point("submit.after_payload")
             if durable:
@@ -247,8 +251,8 @@ class Submitter:
                     shutil.rmtree(tmp, ignore_errors=True)
             raise
         marker_dirs: set[str] = set()
-        for spec, _ in births:
-            moved = self._move_birth(spec)
+        for spec, _, born in births:
+            moved = self._move_birth(spec, born)
             if moved is not None:
                 marker_dirs.add(moved)
         if durable:
@@ -271,12 +275,14 @@ class Submitter:
             raise
         return tmp
 
-    def _move_birth(self, spec: JobSpec) -> str | None:
+    def _move_birth(self, spec: JobSpec, born: str | None) -> str | None:
         """Move the job's birth marker (if still in its payload) into submitted/; returns
-        the state directory it went to. No birth marker: the job is published already."""
+        the state directory it went to. `born`: its name when this submitter made the
+        payload (no listing needed); None: whoever made it, one listing finds it. No birth
+        marker: the job is published already."""
         ws = self.ws
         job_dir = ws.job_dir(spec.placement, spec.key)
-        born = _birth_marker(job_dir)
+        born = born or _birth_marker(job_dir)
         if born is None:
             return None
         d = ws.state_dir(State.SUBMITTED, spec.placement)

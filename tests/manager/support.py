@@ -496,11 +496,6 @@ class MarkerWatch:
         self._thread.start()
         return self
 
-    def start(self) -> None:
-        """Enter for the rest of the process (a session-wide reaper); idempotent."""
-        if self._thread is None:
-            self.__enter__()
-
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
