@@ -17,10 +17,11 @@ import pytest
 from httk_flow.errors import InvalidName
 from httk_flow.manager.decide import MAX_MANAGER_DEATHS, Ending, decide
 from httk_flow.protocol import fsio, names
+from httk_flow.protocol.frames import Snapshot
 from httk_flow.protocol.jobspec import ParentRef
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
-from httk_flow.protocol.transition import carry, locate_key, transition
+from httk_flow.protocol.transition import locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -53,9 +54,9 @@ def _move_on(ws: Workspace, job_id: str) -> None:
     """The job registers and is claimed: its marker leaves submitted/."""
     h = locate_key(ws, "kids/p", job_id)
     assert h is not None
-    frame = ws.reader.read(h.marker.ref)
-    h = transition(ws, h, State.READY, carry(frame), actor="other")
-    transition(ws, h, State.CLAIMED, carry(frame), actor="other")
+    body = ws.reader.frame(h.marker.ref).body
+    h = transition(ws, h, State.READY, body.carry(), actor="other")
+    transition(ws, h, State.CLAIMED, body.carry(), actor="other")
 
 
 @pytest.mark.parametrize("pause", ["before_payload", "before_birth_move"])
@@ -135,21 +136,22 @@ def test_a_job_is_failed_after_consecutive_manager_deaths_and_a_normal_end_reset
     submitter: Submitter,
 ) -> None:
     spec = submitter.build(SubmitRequest(program="true", retries=5))
-    frame: dict[str, object] = {"step": "main", "act": 1, "try": 1, "tries": 1, "intr": 0}
+    snap = Snapshot(step="main", act=1, try_=1, tries=1)
     died = Ending(None, None, interrupted=True, owner_died=True)
     for n in range(1, MAX_MANAGER_DEATHS):
-        d = decide(spec, frame, died, now=0.0, backoff_base=1, backoff_cap=1)
-        assert d.target is State.READY and d.body["deaths"] == n
-        frame = {**frame, **d.body, "try": 1, "tries": n + 1}
-    d = decide(spec, frame, died, now=0.0, backoff_base=1, backoff_cap=1)
-    assert d.target is State.FAILED and d.body["failure"]["code"] == "manager_deaths"
+        d = decide(spec, snap, died, now=0.0, backoff_base=1, backoff_cap=1)
+        assert d.target is State.READY and d.changes.deaths == n
+        snap = d.changes.snapshot(snap).but(try_=1, tries=n + 1)
+    d = decide(spec, snap, died, now=0.0, backoff_base=1, backoff_cap=1)
+    assert d.target is State.FAILED
+    assert d.changes.failure is not None and d.changes.failure.code == "manager_deaths"
     # a drain (the manager lived) or an ordinary end breaks the run of deaths
     drained = Ending(None, None, interrupted=True, drained=True)
-    d = decide(spec, frame, drained, now=0.0, backoff_base=1, backoff_cap=1)
-    assert d.target is State.READY and d.body["deaths"] == 0
-    ok = decide(spec, frame, Ending(0), now=0.0, backoff_base=1, backoff_cap=1)
-    assert ok.target is State.SUCCEEDED and ok.body["deaths"] == 0
+    d = decide(spec, snap, drained, now=0.0, backoff_base=1, backoff_cap=1)
+    assert d.target is State.READY and d.changes.deaths == 0
+    ok = decide(spec, snap, Ending(0), now=0.0, backoff_base=1, backoff_cap=1)
+    assert ok.target is State.SUCCEEDED and ok.changes.deaths == 0
     # a takeover after a clean goodbye is an interruption, not a death
     quiet = Ending(None, None, interrupted=True)
-    d = decide(spec, frame, quiet, now=0.0, backoff_base=1, backoff_cap=1)
-    assert d.target is State.READY and d.body.get("deaths", 0) == 0
+    d = decide(spec, snap, quiet, now=0.0, backoff_base=1, backoff_cap=1)
+    assert d.target is State.READY and d.changes.snapshot(snap).deaths == 0

@@ -14,6 +14,7 @@ import pytest
 from helpers import markers_in, wait_for
 
 from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.frames import Body
 from httk_flow.protocol.names import Marker, RecordRef
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
@@ -31,6 +32,7 @@ RACER = textwrap.dedent(
     from httk_flow.protocol.discovery import MarkerStream
     from httk_flow.errors import TransitionConflict
     from httk_flow.protocol.states import State
+    from httk_flow.protocol.frames import Body
     from httk_flow.protocol.transition import transition
     from httk_flow.protocol.workspace import Workspace
 
@@ -47,7 +49,7 @@ RACER = textwrap.dedent(
         seen += len(batch)
         for job in batch:
             try:
-                transition(ws, job, State.CLAIMED, {"racer": me}, actor=me)
+                transition(ws, job, State.CLAIMED, Body(extra=(("racer", me),)), actor=me)
             except TransitionConflict:
                 conflicts += 1
             else:
@@ -73,7 +75,7 @@ def _ready_workspace(root: Path) -> tuple[Workspace, set[str]]:
         )
     )
     for job in list(walk_all(ws, State.SUBMITTED)):
-        transition(ws, job, State.READY, {}, actor="setup")
+        transition(ws, job, State.READY, Body(), actor="setup")
     assert len(markers_in(ws, State.READY)) == JOBS
     return ws, {s.id for s in specs}
 

@@ -10,10 +10,11 @@ from helpers import markers_in
 from httk_flow.errors import InvalidJob, JobNotFound
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
+from httk_flow.protocol.frames import AttemptRecord, Body, Frame, Result, Snapshot
 from httk_flow.protocol.jobspec import JobSpec
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
-from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -108,8 +109,8 @@ def test_a_name_that_matches_no_job_is_reported(
 
 def test_a_job_is_found_in_whatever_state_it_is_in(ws: Workspace, submitter: Submitter) -> None:
     spec = _submit(submitter, tag="mover")
-    h = transition(ws, _handle(ws, spec), State.READY, {}, actor="t")
-    h = transition(ws, h, State.PAUSED, {}, actor="t")
+    h = transition(ws, _handle(ws, spec), State.READY, Body(), actor="t")
+    h = transition(ws, h, State.PAUSED, Body(), actor="t")
     for ident in (spec.id, spec.id[:10], spec.key, "mover"):
         found = lookup.find(ws, ident)
         assert found.state is State.PAUSED and found == h
@@ -122,8 +123,8 @@ def test_register_moves_a_valid_job_to_ready_carrying_its_snapshot(
     ready = jobs.register(ws, _handle(ws, spec), actor="mgr")
     assert ready.state is State.READY
     frame = jobs.current_frame(ws, ready)
-    assert (frame["from"], frame["to"], frame["by"]) == ("submitted", "ready", "mgr")
-    assert (frame["step"], frame["act"], frame["try"], frame["tries"]) == ("prepare", 1, 0, 0)
+    assert (frame.source, frame.to, frame.by) == (State.SUBMITTED, State.READY, "mgr")
+    assert frame.snap == Snapshot(step="prepare", act=1, try_=0, tries=0)
 
 
 def test_a_corrupt_job_json_fails_its_job_with_protocol_error_and_spares_the_others(
@@ -135,10 +136,11 @@ def test_a_corrupt_job_json_fails_its_job_with_protocol_error_and_spares_the_oth
         fh.write(b'{"id": "truncated')
     results = {s.key: jobs.register(ws, _handle(ws, s), actor="mgr") for s in specs}
     assert results[broken.key].state is State.FAILED
-    failure = jobs.current_frame(ws, results[broken.key])["failure"]
-    assert failure["code"] == "protocol_error"
-    assert failure["retryable"] is False
-    assert "job.json" in failure["message"]
+    failure = jobs.current_frame(ws, results[broken.key]).body.failure
+    assert failure is not None
+    assert failure.code == "protocol_error"
+    assert failure.retryable is False
+    assert "job.json" in failure.message
     for s in specs:
         if s is not broken:
             assert results[s.key].state is State.READY
@@ -166,25 +168,26 @@ def test_other_kinds_of_broken_payload_also_fail_with_protocol_error(
         os.unlink(ws.program_path(spec.program.digest))
     failed = jobs.register(ws, _handle(ws, spec), actor="mgr")
     assert failed.state is State.FAILED
-    assert jobs.current_frame(ws, failed)["failure"]["code"] == "protocol_error"
+    failure = jobs.current_frame(ws, failed).body.failure
+    assert failure is not None and failure.code == "protocol_error"
 
 
 def test_view_lists_the_history_oldest_first(ws: Workspace, submitter: Submitter) -> None:
     spec = _submit(submitter, tag="hist")
     h = jobs.register(ws, _handle(ws, spec), actor="mgr")
-    f = jobs.current_frame(ws, h)
-    h = transition(ws, h, State.CLAIMED, carry(f), actor="mgr")
-    f = jobs.current_frame(ws, h)
-    attempt = {"id": "a1", "n": 1, "step": "main", "manager": "mgr", "pid": 123}
-    h = transition(ws, h, State.RUNNING, carry(f, attempt=attempt), actor="mgr")
-    f = jobs.current_frame(ws, h)
-    h = transition(ws, h, State.COMMITTING, carry(f, attempt=attempt), actor="mgr")
-    f = jobs.current_frame(ws, h)
+    f = jobs.current_frame(ws, h).body
+    h = transition(ws, h, State.CLAIMED, f.carry(), actor="mgr")
+    f = jobs.current_frame(ws, h).body
+    attempt = AttemptRecord(n=1, id="a1", manager="mgr", host="h", step="main", pid=123)
+    h = transition(ws, h, State.RUNNING, f.carry(attempt=attempt), actor="mgr")
+    f = jobs.current_frame(ws, h).body
+    h = transition(ws, h, State.COMMITTING, f.carry(attempt=attempt), actor="mgr")
+    f = jobs.current_frame(ws, h).body
     h = transition(
-        ws, h, State.SUCCEEDED, carry(f, attempt=attempt, result={"ok": True}), actor="mgr"
+        ws, h, State.SUCCEEDED, f.carry(attempt=attempt, result=Result(exit=0)), actor="mgr"
     )
     view = lookup.view(ws, h)
-    assert [fr["to"] for fr in view.frames] == [
+    assert [fr.to.value for fr in view.frames] == [
         "submitted",
         "ready",
         "claimed",
@@ -192,13 +195,13 @@ def test_view_lists_the_history_oldest_first(ws: Workspace, submitter: Submitter
         "committing",
         "succeeded",
     ]
-    assert [fr.get("gen") for fr in view.frames] == [0, 1, 2, 3, 4, 5]
+    assert [fr.gen for fr in view.frames] == [0, 1, 2, 3, 4, 5]
     assert view.frame == view.frames[-1]
     assert view.spec == spec and view.spec_error is None
-    assert jobs.history(ws, h) == view.frames
+    assert [Frame.from_json(f) for f in jobs.history_json(ws, h)] == view.frames
     [att] = view.attempts
-    assert att["id"] == "a1" and att["state"] == "succeeded"
-    assert att["result"] == {"ok": True} and "started" in att and "ended" in att
+    assert att.record.id == "a1" and att.state is State.SUCCEEDED
+    assert att.result == Result(exit=0) and att.started is not None and att.ended is not None
 
 
 def test_view_of_a_job_with_a_broken_definition_still_shows_its_history(
@@ -210,7 +213,7 @@ def test_view_of_a_job_with_a_broken_definition_still_shows_its_history(
     h = jobs.register(ws, _handle(ws, spec), actor="mgr")
     view = lookup.view(ws, h)
     assert view.spec is None and view.spec_error is not None
-    assert [fr["to"] for fr in view.frames] == ["submitted", "failed"]
+    assert [fr.to.value for fr in view.frames] == ["submitted", "failed"]
 
 
 def test_all_jobs_streams_every_marker_of_the_requested_states(

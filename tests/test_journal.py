@@ -156,9 +156,9 @@ def test_a_chain_walks_backwards_through_prev_across_segments(journal: str) -> N
         prev = str(ref)
     assert refs[-1].segment > 3
     r = JournalReader(journal)
-    assert [f["gen"] for f in r.chain(refs[-1])] == list(range(24, -1, -1))
-    assert [f["gen"] for f in r.chain(refs[10])] == list(range(10, -1, -1))
-    assert [f["gen"] for f in r.chain(refs[-1], limit=3)] == [24, 23, 22]
+    assert [f["gen"] for f in r.chain_json(refs[-1])] == list(range(24, -1, -1))
+    assert [f["gen"] for f in r.chain_json(refs[10])] == list(range(10, -1, -1))
+    assert [f["gen"] for f in r.chain_json(refs[-1], limit=3)] == [24, 23, 22]
 
 
 def test_a_chain_that_reaches_a_torn_frame_reports_it(journal: str) -> None:
@@ -167,7 +167,7 @@ def test_a_chain_that_reaches_a_torn_frame_reports_it(journal: str) -> None:
     torn = _tear(journal, w, b'{"gen": 0')
     w2 = _writer(journal)
     head = w2.append({"gen": 1, "prev": str(torn)})
-    frames = JournalReader(journal).chain(head)
+    frames = JournalReader(journal).chain_json(head)
     assert next(frames) == {"gen": 1, "prev": str(torn)}
     with pytest.raises(CorruptRecord):
         next(frames)

@@ -10,10 +10,11 @@ from helpers import markers_in
 
 from httk_flow.errors import FlowError, IllegalTransition, TransitionConflict
 from httk_flow.protocol import fsio
+from httk_flow.protocol.frames import Body
 from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
-from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -28,8 +29,8 @@ def test_a_transition_renames_the_marker_and_appends_a_frame_naming_the_previous
     ws: Workspace, submitter: Submitter
 ) -> None:
     job = _submitted(ws, submitter)
-    first = ws.reader.read(job.marker.ref)
-    ready = transition(ws, job, State.READY, carry(first, note="hi"), actor="mgr-1")
+    first = ws.reader.frame(job.marker.ref)
+    ready = transition(ws, job, State.READY, first.body.carry(why="hi"), actor="mgr-1")
 
     assert not os.path.exists(job.path(ws))
     assert os.path.isfile(ready.path(ws))
@@ -47,17 +48,19 @@ def test_a_transition_renames_the_marker_and_appends_a_frame_naming_the_previous
         "mgr-1",
     )
     assert frame["job"] == job.job_id and frame["placement"] == "t/one"
-    assert frame["note"] == "hi"
-    assert frame["step"] == first["step"]  # carried forward
-    assert [f["to"] for f in ws.reader.chain(ready.marker.ref)] == ["ready", "submitted"]
+    assert frame["why"] == "hi"
+    assert frame["step"] == first.snap.step == "main"  # carried forward
+    assert [f["to"] for f in ws.reader.chain_json(ready.marker.ref)] == ["ready", "submitted"]
 
 
 def test_priority_and_not_before_travel_in_the_new_marker_name(
     ws: Workspace, submitter: Submitter
 ) -> None:
     job = _submitted(ws, submitter)
-    ready = transition(ws, job, State.READY, {}, actor="a")
-    later = transition(ws, ready, State.READY, {}, actor="a", priority=17, not_before=2_000_000_000)
+    ready = transition(ws, job, State.READY, Body(), actor="a")
+    later = transition(
+        ws, ready, State.READY, Body(), actor="a", priority=17, not_before=2_000_000_000
+    )
     parsed = Marker.from_name(os.path.basename(later.path(ws)))
     assert (parsed.priority, parsed.not_before, parsed.generation) == (17, 2_000_000_000, 2)
 
@@ -69,7 +72,7 @@ def test_an_illegal_transition_is_refused_before_anything_is_written(
     segment = os.path.join(ws.journal_dir, ws.writer.writer_id, "0.jsonl")
     size = os.path.getsize(segment)
     with pytest.raises(IllegalTransition):
-        transition(ws, job, State.RUNNING, {}, actor="a")
+        transition(ws, job, State.RUNNING, Body(), actor="a")
     assert os.path.isfile(job.path(ws))
     assert os.path.getsize(segment) == size
 
@@ -77,19 +80,19 @@ def test_an_illegal_transition_is_refused_before_anything_is_written(
 def test_a_transition_out_of_a_permanent_state_is_illegal(
     ws: Workspace, submitter: Submitter
 ) -> None:
-    job = transition(ws, _submitted(ws, submitter), State.CANCELLED, {}, actor="a")
+    job = transition(ws, _submitted(ws, submitter), State.CANCELLED, Body(), actor="a")
     for target in State:
         with pytest.raises(IllegalTransition):
-            transition(ws, job, target, {}, actor="a")
+            transition(ws, job, target, Body(), actor="a")
 
 
 def test_losing_the_race_for_a_marker_raises_transition_conflict(
     ws: Workspace, submitter: Submitter
 ) -> None:
-    job = transition(ws, _submitted(ws, submitter), State.READY, {}, actor="a")
-    winner = transition(ws, job, State.CLAIMED, {}, actor="winner")
+    job = transition(ws, _submitted(ws, submitter), State.READY, Body(), actor="a")
+    winner = transition(ws, job, State.CLAIMED, Body(), actor="winner")
     with pytest.raises(TransitionConflict) as info:
-        transition(ws, job, State.CLAIMED, {}, actor="loser")  # a stale handle
+        transition(ws, job, State.CLAIMED, Body(), actor="loser")  # a stale handle
     assert "claimed" in str(info.value)
     assert markers_in(ws, State.CLAIMED) == [f"t/one/{winner.marker.name}"]
     assert ws.reader.read(winner.marker.ref)["by"] == "winner"
@@ -98,11 +101,11 @@ def test_losing_the_race_for_a_marker_raises_transition_conflict(
 def test_two_workspaces_racing_for_one_marker_produce_one_winner(
     ws: Workspace, submitter: Submitter
 ) -> None:
-    job = transition(ws, _submitted(ws, submitter), State.READY, {}, actor="a")
+    job = transition(ws, _submitted(ws, submitter), State.READY, Body(), actor="a")
     other = Workspace.open(ws.root)  # another process's view: its own journal writer
-    won = transition(other, job, State.CLAIMED, {}, actor="other")
+    won = transition(other, job, State.CLAIMED, Body(), actor="other")
     with pytest.raises(TransitionConflict):
-        transition(ws, job, State.CLAIMED, {}, actor="me")
+        transition(ws, job, State.CLAIMED, Body(), actor="me")
     assert ws.writer.writer_id != other.writer.writer_id
     assert locate_key(ws, job.placement, job.key) == won
     other.close()
@@ -131,7 +134,7 @@ def test_a_rename_that_reports_an_error_although_it_happened_is_resolved_as_won(
     job = _submitted(ws, submitter)
     lying = _LyingRename()
     fsio.set_filesystem(lying)
-    ready = transition(ws, job, State.READY, {}, actor="a")
+    ready = transition(ws, job, State.READY, Body(), actor="a")
     assert lying.calls >= 1  # one more when the target directory had to be made first
     assert os.path.isfile(ready.path(ws))
     assert not os.path.exists(job.path(ws))
@@ -144,7 +147,7 @@ def test_a_rename_that_failed_with_the_source_still_present_is_reported_not_gues
     job = _submitted(ws, submitter)
     fsio.set_filesystem(_FailingRename())
     with pytest.raises(FlowError) as info:
-        transition(ws, job, State.READY, {}, actor="a")
+        transition(ws, job, State.READY, Body(), actor="a")
     assert not isinstance(info.value, TransitionConflict)
     assert "Permission denied" in str(info.value)
     assert os.path.isfile(job.path(ws))
@@ -156,7 +159,7 @@ def test_a_marker_that_vanished_without_a_successor_stops_the_actor(
     job = _submitted(ws, submitter)
     os.unlink(job.path(ws))
     with pytest.raises(FlowError) as info:
-        transition(ws, job, State.READY, {}, actor="a")
+        transition(ws, job, State.READY, Body(), actor="a")
     assert not isinstance(info.value, TransitionConflict)
     assert "flow fsck" in str(info.value)
 
@@ -164,13 +167,13 @@ def test_a_marker_that_vanished_without_a_successor_stops_the_actor(
 def test_a_target_directory_removed_under_a_cached_workspace_is_recreated(
     ws: Workspace, submitter: Submitter
 ) -> None:
-    a = transition(ws, _submitted(ws, submitter, "gc/here"), State.READY, {}, actor="a")
-    b = transition(ws, _submitted(ws, submitter, "gc/here"), State.READY, {}, actor="a")
-    a = transition(ws, a, State.CLAIMED, {}, actor="a")
-    a = transition(ws, a, State.READY, {}, actor="a")
+    a = transition(ws, _submitted(ws, submitter, "gc/here"), State.READY, Body(), actor="a")
+    b = transition(ws, _submitted(ws, submitter, "gc/here"), State.READY, Body(), actor="a")
+    a = transition(ws, a, State.CLAIMED, Body(), actor="a")
+    a = transition(ws, a, State.READY, Body(), actor="a")
     # the claimed/gc/here directory is now empty and known to this process; collect it
     os.rmdir(ws.state_dir(State.CLAIMED, "gc/here"))
-    b = transition(ws, b, State.CLAIMED, {}, actor="a")
+    b = transition(ws, b, State.CLAIMED, Body(), actor="a")
     assert os.path.isfile(b.path(ws))
 
 

@@ -17,25 +17,6 @@ from httk_flow.protocol.states import State
 STATE_NAMES = [s.value for s in State]
 
 
-def _result(r: object) -> str:
-    """An attempt's ending in words: the outcome's action, else the exit status."""
-    if not isinstance(r, dict):
-        return "-"
-    out = r.get("outcome")
-    if isinstance(out, dict):
-        text = str(out.get("action", "?"))
-        if out.get("step"):
-            text += f" {out['step']}"
-        return text
-    if r.get("outcome_error"):
-        return "bad outcome"
-    if r.get("interrupted"):
-        return f"interrupted ({r['interrupted']})"
-    if r.get("signal"):
-        return f"signal {r['signal']}"
-    return f"exit {r.get('exit')}"
-
-
 def _when(t: object) -> str:
     if not isinstance(t, int | float):
         return "-"
@@ -86,25 +67,25 @@ def register(cli: click.Group) -> None:
         """Definition, current state and attempts of JOB."""
         ws = app.ws
         v = lookup.view(ws, lookup.find(ws, job))
-        h, f = v.handle, v.frame
+        h = v.handle
         doc: dict[str, Any] = {
             "id": h.job_id,
             "key": h.key,
             "tag": h.marker.tag,
             "state": h.state.value,
-            "step": f.get("step"),
+            "step": v.step,
             "generation": h.marker.generation,
             "priority": h.marker.priority,
             "placement": h.placement,
             "directory": ws.job_dir(h.placement, h.key),
-            "activation": f.get("act"),
-            "attempts": v.attempts,
+            "activation": v.activation,
+            "attempts": [a.to_json() for a in v.attempts],
             "definition": v.spec.to_dict() if v.spec else None,
         }
         if v.spec_error:
             doc["definition_error"] = v.spec_error
         if h.state is State.FAILED:
-            doc["failure"] = f.get("failure")
+            doc["failure"] = v.failure.to_json() if v.failure else None
         if h.marker.not_before:
             doc["not_before"] = h.marker.not_before
         if as_json:
@@ -115,7 +96,7 @@ def register(cli: click.Group) -> None:
             ("id", h.job_id),
             ("key", h.key),
             ("state", h.state.value),
-            ("step", f.get("step")),
+            ("step", v.step),
             ("generation", h.marker.generation),
             ("priority", h.marker.priority),
             ("directory", doc["directory"]),
@@ -127,9 +108,8 @@ def register(cli: click.Group) -> None:
                 lines.append(("params", " ".join(f"{k}={v}" for k, v in spec.params.items())))
         if v.spec_error:
             lines.append(("definition", f"unreadable: {v.spec_error}"))
-        if h.state is State.FAILED and isinstance(f.get("failure"), dict):
-            fl = f["failure"]
-            lines.append(("failure", f"{fl.get('code')}: {fl.get('message')}"))
+        if h.state is State.FAILED and v.failure is not None:
+            lines.append(("failure", f"{v.failure.code}: {v.failure.message}"))
         width = max(len(k) for k, _ in lines)
         for k, val in lines:
             app.echo(f"{k.ljust(width)}  {val}")
@@ -139,12 +119,12 @@ def register(cli: click.Group) -> None:
                 ["ATTEMPT", "STEP", "STATE", "HOST", "PID", "RESULT"],
                 [
                     [
-                        a.get("n"),
-                        a.get("step"),
-                        a.get("state"),
-                        a.get("host"),
-                        a.get("pid"),
-                        _result(a.get("result")),
+                        a.record.n,
+                        a.record.step,
+                        a.state.value,
+                        a.record.host,
+                        a.record.pid,
+                        a.result_words,
                     ]
                     for a in v.attempts
                 ],
@@ -158,23 +138,23 @@ def register(cli: click.Group) -> None:
     def history(app: App, /, job: str, as_json: bool) -> None:
         """Every transition of JOB, oldest first."""
         ws = app.ws
-        frames = jobs.history(ws, lookup.find(ws, job))
+        found = lookup.find(ws, job)
         if as_json:
-            app.json({"transitions": frames})
+            app.json({"transitions": jobs.history_json(ws, found)})
             return
         app.table(
             ["TIME", "GEN", "FROM", "TO", "STEP", "BY", "WHY"],
             [
                 [
-                    _when(f.get("t")),
-                    f.get("gen"),
-                    f.get("from", "-"),
-                    f.get("to"),
-                    f.get("step"),
-                    f.get("by"),
-                    f.get("why", ""),
+                    _when(f.t),
+                    f.gen,
+                    f.source.value if f.source else "-",
+                    f.to.value,
+                    f.snap.step or None,
+                    f.by,
+                    f.body.why or "",
                 ]
-                for f in frames
+                for f in jobs.history(ws, found)
             ],
         )
 

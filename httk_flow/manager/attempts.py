@@ -12,14 +12,12 @@ from typing import Any
 
 import orjson
 
+from httk_flow.protocol.frames import Snapshot
 from httk_flow.protocol.fsio import write_file
 from httk_flow.protocol.jobspec import JobSpec
-from httk_flow.protocol.journal import Frame
 from httk_flow.protocol.names import attempt_name
 from httk_flow.protocol.workspace import Workspace
 
-#: reasons a previous attempt ended that make the next start an unclean restart
-UNCLEAN = frozenset({"interrupted"})
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: a larger context.json (a big join's children) is written here, as the launcher gets it
 #: in one environment string (the kernel caps each at 128 KiB); durable mode writes here
@@ -96,7 +94,7 @@ class AttemptPlan:
 def prepare(
     ws: Workspace,
     spec: JobSpec,
-    frame: Frame,
+    snap: Snapshot,
     *,
     number: int,
     extra_context: dict[str, Any] | None = None,
@@ -121,11 +119,11 @@ def prepare(
     else:
         workdir = os.path.join(adir, "work")
         os.mkdir(workdir)
-    step = str(frame.get("step", spec.step))
-    tried = int(frame.get("try", 1))
-    last = frame.get("last")
+    step = snap.step or spec.step
+    tried = snap.try_
+    last = snap.last
     # an uncharged interruption hands its try back, yet the next start is a restart
-    unclean = last in UNCLEAN
+    unclean = last is not None and last.unclean
     restart = tried > 1 or unclean
     context: dict[str, Any] = {
         "workspace": ws.root,
@@ -133,13 +131,13 @@ def prepare(
         "key": spec.key,
         "job_dir": job_dir,
         "step": step,
-        "activation": int(frame.get("act", 1)),
+        "activation": snap.act,
         "attempt": tried,
         "attempt_id": name,
         "attempt_number": number,
         "is_restart": restart,
         "unclean_restart": unclean,
-        "previous_end": last if restart else None,
+        "previous_end": last.text if restart and last is not None else None,
         "workdir": workdir,
         "params": spec.params,
         "array_index": spec.array_index,

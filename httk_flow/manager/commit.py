@@ -13,19 +13,20 @@ import time
 from collections.abc import Callable
 
 from httk_flow.errors import CorruptRecord, FlowError, InvalidOutcome, UsageError
+from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Snapshot
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.jobspec import JobSpec, ParentRef
-from httk_flow.protocol.journal import Frame
-from httk_flow.protocol.names import MAX_PRIORITY, attempt_name
+from httk_flow.protocol.names import MAX_PRIORITY
 from httk_flow.protocol.outcome import ChildDef, read_outcome
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
-from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.transition import JobHandle, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -81,15 +82,16 @@ class Committer:
         self,
         job: JobHandle,
         spec: JobSpec,
-        frame: Frame,
+        running: Body,
         ending: Ending,
-        evidence: dict[str, object] | None = None,
+        evidence: Evidence | None = None,
     ) -> JobHandle:
-        """running (or cancelling-free running) -> committing -> final. Raises TransitionConflict
-        when the attempt was fenced (cancelled, taken over) before it could commit."""
+        """running (or cancelling-free running) -> committing -> final. `running` is the
+        body of the job's running frame. Raises TransitionConflict when the attempt was
+        fenced (cancelled, taken over) before it could commit."""
         decision = decide(
             spec,
-            frame,
+            running.snap,
             ending,
             now=self.clock(),
             backoff_base=self.ws.policy.backoff_base,
@@ -101,20 +103,19 @@ class Committer:
         if inbox is not None and spec.id in inbox.by_job:
             folded = inbox.fold(job, decision, inbox.claim_for(spec.id))
             decision = folded.decision
-        body = carry(
-            frame,
-            attempt=frame.get("attempt"),
-            result=ending.to_json(),
-            decision=decision.to_json(),
+        body = running.carry(
+            attempt=running.attempt,
+            result=ending.record(),
+            decision=decision.record(),
             why=decision.why,
+            evidence=evidence,
         )
-        if evidence is not None:
-            body["evidence"] = evidence
         if folded is not None:
             # named in the frame, so whoever finishes this commit applies them, and only once
-            body["requests"] = [c.request.name for c in folded.applied]
-            if folded.priority is not None:
-                body["set_priority"] = folded.priority
+            body = body.but(
+                requests=tuple(c.request.name for c in folded.applied),
+                set_priority=folded.priority,
+            )
         try:
             committing = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
         except FlowError:
@@ -127,115 +128,109 @@ class Committer:
             inbox.settle(folded, final)
         return final
 
-    def resume(
-        self, job: JobHandle, frame: Frame, evidence: dict[str, object] | None = None
-    ) -> JobHandle:
+    def resume(self, job: JobHandle, frame: Frame, evidence: Evidence | None = None) -> JobHandle:
         """Take over a committing marker whose holder is gone, then finish its commit."""
-        body = carry(
-            frame,
-            attempt=frame.get("attempt"),
-            result=frame.get("result"),
-            decision=frame.get("decision"),
+        was = frame.body
+        body = was.carry(
+            attempt=was.attempt,
+            result=was.result,
+            decision=was.decision,
             why="commit resumed",
+            requests=was.requests,
+            set_priority=was.set_priority,
+            evidence=evidence,
         )
-        for k in ("requests", "set_priority"):
-            if k in frame:
-                body[k] = frame[k]
-        if evidence is not None:
-            body["evidence"] = evidence
         mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor, note="taken over")
         return self.finish_recorded(mine, body)
 
-    def finish_recorded(self, mine: JobHandle, frame: Frame) -> JobHandle:
-        """Finish the commit a committing frame records, from a marker we hold (after a
-        takeover, or after a transient error interrupted our own commit)."""
+    def finish_recorded(self, mine: JobHandle, body: Body) -> JobHandle:
+        """Finish the commit a committing frame's `body` records, from a marker we hold
+        (after a takeover, or after a transient error interrupted our own commit)."""
         try:
             spec = load_spec(self.ws, mine.placement, mine.key)
-            raw = frame.get("decision")
-            if not isinstance(raw, dict):
+            if body.decision is None:
                 raise InvalidOutcome("the committing frame has no decision", obj=mine.key)
-            decision = Decision.from_json(raw)
-        except (FlowError, KeyError, ValueError, TypeError) as e:
-            failure = {"code": "protocol_error", "message": str(e), "retryable": False}
+        except FlowError as e:
+            failure = Failure("protocol_error", str(e))
             return transition(
                 self.ws,
                 mine,
                 State.FAILED,
-                carry(frame, failure=failure, why="protocol_error"),
+                body.carry(failure=failure, why="protocol_error"),
                 actor=self.actor,
             )
+        decision = Decision.recorded(body.decision)
         if decision.target is State.WAITING:
             # the children live in the attempt's outcome; read them again
-            att = frame.get("attempt") or {}
-            n = att.get("n") if isinstance(att, dict) else None
-            adir = (
-                os.path.join(self.ws.job_dir(mine.placement, mine.key), "attempts", attempt_name(n))
-                if isinstance(n, int) and not isinstance(n, bool)
-                else None
-            )
+            n = body.attempt.n if body.attempt is not None else None
             self.heartbeat()
             try:
-                out = read_outcome(adir) if adir else None
+                out = (
+                    read_outcome(attempt_dir(self.ws, mine.placement, mine.key, n))
+                    if n is not None
+                    else None
+                )
             except InvalidOutcome:
                 out = None
             self.heartbeat()
-            decision = Decision(
-                decision.target,
-                decision.why,
-                decision.body,
-                decision.not_before,
-                out.children if out else (),
-            )
-        return self.finish(mine, spec, frame, decision)
+            decision = Decision.recorded(body.decision, out.children if out else ())
+        return self.finish(mine, spec, body, decision)
 
     def finish(
-        self, committing: JobHandle, spec: JobSpec, frame: Frame, decision: Decision
+        self, committing: JobHandle, spec: JobSpec, body: Body, decision: Decision
     ) -> JobHandle:
+        """The final rename of a commit whose committing frame has `body`."""
         if decision.children:
             try:
-                self._register_children(spec, frame, decision.children)
+                self._register_children(spec, body.snap, decision.children)
             except (UsageError, InvalidOutcome, CorruptRecord) as e:
                 # children that can never be registered: the commit can never complete
-                return self._fail_commit(committing, frame, e)
+                return self._fail_commit(committing, body, e)
             crash_point("commit.after_children")
-        body = carry(frame, **decision.body)
-        body["why"] = decision.why
-        if "result" in frame:
-            body["result"] = frame["result"]
-        if isinstance(frame.get("attempt"), dict):
-            body["attempt"] = frame["attempt"]
-        if "evidence" in frame:
-            body["evidence"] = frame["evidence"]
-        if "requests" in frame:
-            body["requests"] = frame["requests"]
-        prio = frame.get("set_priority")
+        c = decision.changes
+        final_body = body.carry(
+            snap=c.snapshot(body.snap),
+            why=decision.why,
+            message=c.message,
+            failure=c.failure,
+            join=c.join,
+            result=body.result,
+            attempt=body.attempt,
+            evidence=body.evidence,
+            requests=body.requests,
+        )
+        prio = body.set_priority
         final = transition(
             self.ws,
             committing,
             decision.target,
-            body,
+            final_body,
             actor=self.actor,
-            priority=prio if type(prio) is int and 0 <= prio <= MAX_PRIORITY else None,
+            priority=prio if prio is not None and 0 <= prio <= MAX_PRIORITY else None,
             not_before=decision.not_before,
         )
         crash_point("commit.after_final")
         return final
 
-    def _fail_commit(self, committing: JobHandle, frame: Frame, err: FlowError) -> JobHandle:
+    def _fail_commit(self, committing: JobHandle, body: Body, err: FlowError) -> JobHandle:
         message = f"the commit cannot complete: {err.render()}"[:4000]
-        failure = {"code": "commit_error", "message": message, "retryable": False}
-        body = carry(frame, failure=failure, why="commit_error", last="commit_error")
-        for k in ("attempt", "result", "evidence", "requests"):
-            if k in frame:
-                body[k] = frame[k]
-        final = transition(self.ws, committing, State.FAILED, body, actor=self.actor)
+        failed = body.carry(
+            snap=body.snap.but(last=Last.failed("commit_error")),
+            failure=Failure("commit_error", message),
+            why="commit_error",
+            attempt=body.attempt,
+            result=body.result,
+            evidence=body.evidence,
+            requests=body.requests,
+        )
+        final = transition(self.ws, committing, State.FAILED, failed, actor=self.actor)
         self.log.problem(committing.key, message)
         return final
 
     def _register_children(
-        self, spec: JobSpec, frame: Frame, children: tuple[ChildDef, ...]
+        self, spec: JobSpec, snap: Snapshot, children: tuple[ChildDef, ...]
     ) -> None:
-        act = int(frame.get("act", 1))
+        act = snap.act
         placement = child_placement(spec.placement, spec.key)
         job_dir = self.ws.job_dir(spec.placement, spec.key)
         reqs = []

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
+from httk_flow.protocol.frames import (
+    Changes,
+    DecisionRecord,
+    Failure,
+    Join,
+    Last,
+    LastKind,
+    Result,
+    Snapshot,
+)
 from httk_flow.protocol.jobspec import JobSpec
-from httk_flow.protocol.journal import Frame
 from httk_flow.protocol.outcome import Action, ChildDef, Outcome
 from httk_flow.protocol.states import State
 
@@ -30,41 +38,36 @@ class Ending:
     drained: bool = False  # the interruption was our own orderly drain (walltime, signal)
     owner_died: bool = False  # taken over from a manager that died while it ran
 
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"exit": self.exit_code, "signal": self.signal}
-        if self.outcome is not None:
-            d["outcome"] = self.outcome.to_json()
-        if self.outcome_error:
-            d["outcome_error"] = self.outcome_error
-        if self.interrupted:
-            d["interrupted"] = "drain" if self.drained else "takeover"
-        return d
+    def record(self) -> Result:
+        """What the frames of the commit record about this ending."""
+        return Result(
+            exit=self.exit_code,
+            signal=self.signal,
+            outcome=self.outcome.to_json() if self.outcome is not None else None,
+            outcome_error=self.outcome_error or None,
+            interrupted=("drain" if self.drained else "takeover") if self.interrupted else None,
+        )
 
 
 @dataclass(frozen=True)
 class Decision:
     target: State
     why: str
-    body: dict[str, Any] = field(default_factory=dict)  # snapshot changes for the final frame
+    changes: Changes = field(default_factory=Changes)  # what the final frame changes
     not_before: int = 0
     children: tuple[ChildDef, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "target": self.target.value,
-            "why": self.why,
-            "body": self.body,
-            "not_before": self.not_before,
-        }
+    def record(self) -> DecisionRecord:
+        return DecisionRecord(self.target, self.why, self.changes, self.not_before)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Decision:
-        return cls(State(d["target"]), str(d["why"]), dict(d["body"]), int(d["not_before"]))
+    def recorded(cls, r: DecisionRecord, children: tuple[ChildDef, ...] = ()) -> Decision:
+        return cls(r.target, r.why, r.changes, r.not_before, children)
 
 
 def decide(
     spec: JobSpec,
-    frame: Frame,
+    snap: Snapshot,
     ending: Ending,
     *,
     now: float,
@@ -72,37 +75,34 @@ def decide(
     backoff_cap: float,
 ) -> Decision:
     """The next state of a job whose current attempt ended as `ending` describes."""
-    d = _decide(spec, frame, ending, now=now, backoff_base=backoff_base, backoff_cap=backoff_cap)
-    if frame.get("deaths") and "deaths" not in d.body:
+    d = _decide(spec, snap, ending, now=now, backoff_base=backoff_base, backoff_cap=backoff_cap)
+    if snap.deaths and d.changes.deaths is None:
         # an attempt whose manager lived to its end: the run of deaths is broken
-        return Decision(d.target, d.why, {**d.body, "deaths": 0}, d.not_before, d.children)
+        return Decision(d.target, d.why, d.changes.but(deaths=0), d.not_before, d.children)
     return d
 
 
 def _decide(
     spec: JobSpec,
-    frame: Frame,
+    snap: Snapshot,
     ending: Ending,
     *,
     now: float,
     backoff_base: float,
     backoff_cap: float,
 ) -> Decision:
-    step = str(frame.get("step", spec.step))
-    act = int(frame.get("act", 1))
-    tried = int(frame.get("try", 1))
-    tries = int(frame.get("tries", 1))
-    intr = int(frame.get("intr", 0))
-    deaths = int(frame.get("deaths", 0))
+    step = snap.step or spec.step
+    act, tried, tries, intr, deaths = snap.act, snap.try_, snap.tries, snap.intr, snap.deaths
 
     def failed(code: str, message: str) -> Decision:
-        failure = {"code": code, "message": message, "retryable": code == "budget_exhausted"}
-        return Decision(State.FAILED, code, {"failure": failure, "last": code})
+        failure = Failure(code, message, retryable=code == "budget_exhausted")
+        return Decision(State.FAILED, code, Changes(failure=failure, last=Last.failed(code)))
 
     def again(why: str, *, charged: bool, counted: bool = True) -> Decision:
+        last = Last.of(LastKind.INTERRUPTED) if not charged else Last.retrying(why)
         if not charged and not counted:
             # a drain at walltime is how long jobs live: it counts against nothing
-            return Decision(State.READY, why, {"try": max(0, tried - 1), "last": why})
+            return Decision(State.READY, why, Changes(try_=max(0, tried - 1), last=last))
         if not charged:
             if ending.owner_died and deaths + 1 >= MAX_MANAGER_DEATHS:
                 return failed(
@@ -118,10 +118,10 @@ def _decide(
                     f"the job was interrupted {intr + 1} times by managers that died under "
                     "it; resume it once the cause is understood",
                 )
-            body = {"try": max(0, tried - 1), "intr": intr + 1, "last": why}
+            changes = Changes(try_=max(0, tried - 1), intr=intr + 1, last=last)
             if ending.owner_died:
-                body["deaths"] = deaths + 1
-            return Decision(State.READY, why, body)
+                changes = changes.but(deaths=deaths + 1)
+            return Decision(State.READY, why, changes)
         # interruptions are not the job's fault: they count against no budget
         if tried > spec.retries or tries - intr >= spec.max_attempts:
             budget = "retries" if tried > spec.retries else "max_attempts"
@@ -131,7 +131,7 @@ def _decide(
             )
         delay = min(backoff_cap, backoff_base * (2 ** max(0, tried - 1)))
         return Decision(
-            State.READY, why, {"last": why}, not_before=math.ceil(now + delay) if delay else 0
+            State.READY, why, Changes(last=last), not_before=math.ceil(now + delay) if delay else 0
         )
 
     if ending.outcome_error is not None:
@@ -145,7 +145,7 @@ def _decide(
                 return failed(
                     "protocol_error", f"step {step} exited 0 without publishing an outcome"
                 )
-            return Decision(State.SUCCEEDED, "exit_0", {"last": "succeeded"})
+            return Decision(State.SUCCEEDED, "exit_0", Changes(last=Last.of(LastKind.SUCCEEDED)))
         what = (
             f"exit status {ending.exit_code}"
             if ending.exit_code is not None
@@ -154,41 +154,42 @@ def _decide(
             else "ended without a trace"
         )
         return again(f"process failure: {what}", charged=True)
-    msg = {"message": out.message} if out.message else {}
+    said = Changes(message=out.message or None)
     match out.action:
         case Action.SUCCEED:
-            return Decision(State.SUCCEEDED, "succeed", {**msg, "last": "succeeded"})
+            return Decision(State.SUCCEEDED, "succeed", said.but(last=Last.of(LastKind.SUCCEEDED)))
         case Action.FAIL:
-            failure = {"code": out.code or "failed", "message": out.message, "retryable": False}
-            return Decision(State.FAILED, "fail", {"failure": failure, "last": "failed"})
+            failure = Failure(out.code or "failed", out.message)
+            return Decision(
+                State.FAILED, "fail", said.but(failure=failure, last=Last.of(LastKind.FAILED))
+            )
         case Action.ADVANCE:
             assert out.step is not None
-            body = {
-                **msg,
-                "step": out.step,
-                "act": act + 1,
-                "try": 0,
-                "last": "advanced",
-                "join_ref": None,
-            }
-            return Decision(State.READY, "advance", body)
+            advance = said.but(
+                step=out.step,
+                act=act + 1,
+                try_=0,
+                last=Last.of(LastKind.ADVANCED),
+                clear_join_ref=True,
+            )
+            return Decision(State.READY, "advance", advance)
         case Action.RETRY:
             return again(f"retry requested: {out.message}", charged=True)
         case Action.PAUSE:
-            return Decision(State.PAUSED, "pause", {**msg, "last": "paused"})
+            return Decision(State.PAUSED, "pause", said.but(last=Last.of(LastKind.PAUSED)))
         case Action.WAIT:
             assert out.step is not None
-            join = {
-                "mode": out.join.value,
-                "next": out.step,
-                "on_impossible": out.on_impossible,
-                "act": act,
-                "children": [[c.label, c.tag] for c in out.children],
-            }
+            join = Join(
+                mode=out.join.value,
+                next=out.step,
+                on_impossible=out.on_impossible,
+                act=act,
+                children=tuple((c.label, c.tag) for c in out.children),
+            )
             return Decision(
                 State.WAITING,
                 "wait",
-                {**msg, "join": join, "last": "waiting", "join_ref": None},
+                said.but(join=join, last=Last.of(LastKind.WAITING), clear_join_ref=True),
                 children=out.children,
             )
     raise AssertionError(out.action)

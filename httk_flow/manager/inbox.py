@@ -19,11 +19,12 @@ from httk_flow.manager.decide import Decision
 from httk_flow.manager.log import ManagerLog
 from httk_flow.protocol import requests
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.frames import Last, LastKind
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.leases import read_managers, silent_for_takeover
 from httk_flow.protocol.requests import InvalidRequest, Request
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
 #: how often new/ is listed: a human asked, half a second is prompt enough
@@ -135,9 +136,9 @@ class RequestInbox:
                 why = f"the attempt ended the job as {decision.target.value}"
             if why is None and req.op == "pause":
                 if decision.target in (State.READY, State.WAITING):
-                    body = {**decision.body, "last": "paused"}
+                    paused = decision.changes.but(last=Last.of(LastKind.PAUSED))
                     decision = Decision(
-                        State.PAUSED, "paused by request", body, 0, decision.children
+                        State.PAUSED, "paused by request", paused, 0, decision.children
                     )
                 else:
                     why = f"the job is already going to {decision.target.value}"
@@ -231,15 +232,19 @@ class RequestInbox:
         if req.op == "priority" and st not in (State.READY, State.WAITING, State.PAUSED):
             return f"priority cannot change while a job is {st.value}"
         try:
-            frame = self.ws.reader.read(job.marker.ref)
+            was = self.ws.reader.frame(job.marker.ref).body
             if req.op == "pause":
-                body = carry(frame, join=frame.get("join"), why="paused by request")
-                body["last"] = "paused"
-                body["requests"] = [req.name]
+                body = was.carry(
+                    snap=was.snap.but(last=Last.of(LastKind.PAUSED)),
+                    join=was.join,
+                    why="paused by request",
+                    requests=(req.name,),
+                )
                 transition(self.ws, job, State.PAUSED, body, actor=self.manager, note=req.op)
             else:
-                body = carry(frame, join=frame.get("join"), why=f"priority {req.priority}")
-                body["requests"] = [req.name]
+                body = was.carry(
+                    join=was.join, why=f"priority {req.priority}", requests=(req.name,)
+                )
                 transition(
                     self.ws,
                     job,

@@ -15,11 +15,12 @@ from httk_flow.errors import FlowError, TransitionConflict
 from httk_flow.manager.passes import PassContext
 from httk_flow.protocol.children import child_states
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.frames import Joined, Last, LastKind, Snapshot
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.jobs import fail
 from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.transition import JobHandle, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -94,56 +95,59 @@ class JoinPass:
 
     def _evaluate(self, h: JobHandle) -> int:
         ctx = self.ctx
-        frame = ctx.ws.reader.read(h.marker.ref)
-        join = frame.get("join")
-        if not isinstance(join, dict):
+        frame = ctx.ws.reader.frame(h.marker.ref)
+        join = frame.body.join
+        if join is None:
             fail(ctx.ws, h, frame, "protocol_error", "waiting without a join", actor=ctx.actor)
             return 1
-        pairs = [(str(p[0]), p[1]) for p in join.get("children", [])]
-        labels = [label for label, _ in pairs]
-        tags = {label: tag for label, tag in pairs}
-        kids = child_states(ctx.ws, h.placement, h.key, h.job_id, int(join["act"]), labels, tags)
+        labels = [label for label, _ in join.children]
+        tags = dict(join.children)
+        kids = child_states(ctx.ws, h.placement, h.key, h.job_id, join.act, labels, tags)
         states = [k.state for k in kids]
         done = [s for s in states if s is not None and s.is_terminal]
         ok = [s for s in states if s is State.SUCCEEDED]
         bad = [k for k in kids if k.state in (State.FAILED, State.CANCELLED)]
-        mode = join.get("mode")
+        mode = join.mode
         open_ = {k.key for k in kids if k.state is None or not k.state.is_terminal}
         if len(self._open) >= 10_000:
             self._open.clear()
-        self._open[h.key] = _OpenJoin(str(mode or "all_succeeded"), open_, time.monotonic())
+        self._open[h.key] = _OpenJoin(mode, open_, time.monotonic())
         if mode == "any_succeeded":
             release, impossible = bool(ok), len(done) == len(kids) and not ok
         elif mode == "all_done":
             release, impossible = len(done) == len(kids), False
         else:
             release, impossible = len(ok) == len(kids), bool(bad)
-        summary = {"children": len(kids), "succeeded": len(ok), "failed": len(bad)}
+        summary = Joined(children=len(kids), succeeded=len(ok), failed=len(bad))
         if release or impossible:
             self._open.pop(h.key, None)
+
+        def released(step: str) -> Snapshot:
+            # the next activation begins; its attempts find the children through join_ref
+            return frame.snap.but(
+                step=step,
+                act=frame.snap.act + 1,
+                try_=0,
+                last=Last.of(LastKind.JOINED),
+                join_ref=h.marker.ref,
+            )
+
         if release:
-            body = carry(frame, step=join["next"], act=int(frame.get("act", 1)) + 1, try_=0)
-            body.pop("try_", None)
-            body.update(
-                **{"try": 0},
+            body = frame.body.carry(
+                snap=released(join.next),
                 why="joined",
                 joined=summary,
-                last="joined",
-                join_ref=str(h.marker.ref),
             )
             self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
             crash_point("join.after_release")
             return 1
         if impossible:
             failed = ", ".join(f"{k.label} ({k.state.value if k.state else '?'})" for k in bad[:10])
-            if join.get("on_impossible"):
-                body = carry(frame, step=join["on_impossible"], act=int(frame.get("act", 1)) + 1)
-                body.update(
-                    **{"try": 0},
+            if join.on_impossible:
+                body = frame.body.carry(
+                    snap=released(join.on_impossible),
                     why="join impossible",
                     joined=summary,
-                    last="joined",
-                    join_ref=str(h.marker.ref),
                 )
                 self.on_ready(transition(ctx.ws, h, State.READY, body, actor=ctx.actor))
             else:

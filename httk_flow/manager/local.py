@@ -16,11 +16,11 @@ from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import LaunchedProcess, group_alive, launch, signal_group
 from httk_flow.manager.log import ManagerLog
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.frames import Body, Evidence
 from httk_flow.protocol.jobs import fail
 from httk_flow.protocol.jobspec import JobSpec
-from httk_flow.protocol.journal import Frame
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
 #: attempts of a program that did not use its staging directory between two that try again
@@ -31,7 +31,7 @@ STAGING_RETRY = 32
 class LocalAttempt:
     job: JobHandle
     spec: JobSpec
-    frame: Frame
+    body: Body  # of its running frame
     plan: AttemptPlan
     proc: LaunchedProcess
     started: float
@@ -47,7 +47,7 @@ class Pending:
     la: LocalAttempt | None
     claimed: JobHandle
     spec: JobSpec
-    body: Frame
+    body: Body  # of the claimed frame (a claim to release) or of the running frame
     ending: Ending | None  # None: a claim to give back, not a commit
     code: int | None = None
     sig: int | None = None
@@ -110,11 +110,11 @@ class LocalAttempts:
         self,
         claimed: JobHandle,
         spec: JobSpec,
-        claim_body: Frame,
+        claim_body: Body,
         extra_context: dict[str, object] | None = None,
     ) -> JobHandle | None:
         """claimed -> running behind a closed gate; opens the gate once the marker says so."""
-        number = int(claim_body["tries"])
+        number = claim_body.snap.tries
         program = spec.program.digest or spec.program.command or ""
         skipped = self._unstaged.get(program, -1)
         staging = skipped < 0 or skipped >= STAGING_RETRY
@@ -124,7 +124,7 @@ class LocalAttempts:
             plan = prepare(
                 self.ws,
                 spec,
-                claim_body,
+                claim_body.snap,
                 number=number,
                 extra_context=extra_context,
                 staging=staging,
@@ -153,9 +153,11 @@ class LocalAttempts:
                 self._hold(Pending(None, claimed, spec, claim_body, None))
             return None
         crash_point("launch.after_spawn")
-        attempt = dict(claim_body["attempt"])
-        attempt.update(pid=proc.pid, pgid=proc.pid, start_time=proc.start_time, dir=plan.dir)
-        body = carry(claim_body, attempt=attempt)
+        assert claim_body.attempt is not None  # a claim names its attempt
+        attempt = claim_body.attempt.launched(
+            pid=proc.pid, start_time=proc.start_time, dir=plan.dir
+        )
+        body = claim_body.carry(attempt=attempt)
         try:
             running = transition(
                 self.ws, claimed, State.RUNNING, body, actor=self.actor, note=plan.name
@@ -215,14 +217,14 @@ class LocalAttempts:
         if la.plan.staging:
             self._staging_used(la)
         try:
-            return self.committer.commit(la.job, la.spec, la.frame, ending)
+            return self.committer.commit(la.job, la.spec, la.body, ending)
         except TransitionConflict:
             return self._fenced(la, code, sig)
         except (FlowError, OSError) as e:
             msg = e.render() if isinstance(e, FlowError) else str(e)
             self.log.problem(la.job.key, f"commit failed: {msg}; retrying while it fails")
             if not isinstance(e, UnsafePath):
-                self._hold(Pending(la, la.job, la.spec, la.frame, ending, code, sig))
+                self._hold(Pending(la, la.job, la.spec, la.body, ending, code, sig))
                 return None
             if isinstance(e, UnsafePath):
                 # the commit may have reached committing before its target directory was
@@ -231,8 +233,8 @@ class LocalAttempts:
                 now = locate_key(self.ws, la.job.placement, la.job.key)
                 if now is not None and now.state is State.COMMITTING:
                     with contextlib.suppress(FlowError):
-                        frame = self.ws.reader.read(now.marker.ref)
-                        if frame.get("by") != self.actor:
+                        frame = self.ws.reader.frame(now.marker.ref)
+                        if frame.by != self.actor:
                             return None  # another manager finishes this commit now
                         return fail(
                             self.ws, now, frame, "unsafe_path", e.render(), actor=self.actor
@@ -280,17 +282,19 @@ class LocalAttempts:
             raise TransitionConflict("the job's marker is gone", obj=p.claimed.key)
         if now.marker == p.claimed.marker:
             if p.ending is None:
-                body = carry(p.body, why="released: the attempt could not start")
-                body["try"] = max(0, int(p.body.get("try", 1)) - 1)
+                body = p.body.carry(
+                    snap=p.body.snap.but(try_=max(0, p.body.snap.try_ - 1)),
+                    why="released: the attempt could not start",
+                )
                 return transition(self.ws, now, State.READY, body, actor=self.actor)
             return self.committer.commit(now, p.spec, p.body, p.ending)
         if now.state is State.COMMITTING and p.ending is not None:
-            frame = self.ws.reader.read(now.marker.ref)
-            att = frame.get("attempt")
-            ours = isinstance(att, dict) and att.get("n") == p.body.get("attempt", {}).get("n")
-            if frame.get("by") == self.actor and ours:
+            frame = self.ws.reader.frame(now.marker.ref)
+            att, mine = frame.body.attempt, p.body.attempt
+            ours = att is not None and mine is not None and att.n == mine.n
+            if frame.by == self.actor and ours:
                 # our own commit got as far as committing: finish what its frame records
-                return self.committer.finish_recorded(now, frame)
+                return self.committer.finish_recorded(now, frame.body)
         raise TransitionConflict("the job moved on while its commit waited", obj=p.claimed.key)
 
     def _staging_used(self, la: LocalAttempt) -> None:
@@ -316,19 +320,19 @@ class LocalAttempts:
         if now is None or now.state is not State.CANCELLING:
             self.log.problem(la.job.key, "attempt was fenced; its outcome is ignored")
             return None
-        frame = self.ws.reader.read(now.marker.ref)
-        att = frame.get("attempt") or {}
-        if not isinstance(att, dict) or att.get("manager") != self.actor:
+        was = self.ws.reader.frame(now.marker.ref).body
+        att = was.attempt
+        if att is None or att.manager != self.actor:
             return None
         if not reaped:
             signal_group(la.proc.pid, signal.SIGKILL)
-        evidence = {
-            "exit": code,
-            "signal": sig,
-            "verified": "reaped by its manager",
-            "group_gone": reaped or not group_alive(la.proc.pid),
-        }
-        body = carry(frame, attempt=att, evidence=evidence, why="cancelled")
+        evidence = Evidence(
+            exit=code,
+            signal=sig,
+            verified="reaped by its manager",
+            group_gone=reaped or not group_alive(la.proc.pid),
+        )
+        body = was.carry(attempt=att, evidence=evidence, why="cancelled")
         try:
             done = transition(
                 self.ws, now, State.CANCELLED, body, actor=self.actor, note="exit verified"

@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import orjson
 
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 
@@ -63,14 +63,10 @@ class ManagerLog:
         """
         if not self.enabled:
             return
-        failure = frame.get("failure")
-        code = failure.get("code") if isinstance(failure, dict) else None
-        why = note
-        if why is None:
-            why = frame.get("why")
-            if not isinstance(why, str):
-                why = ""
-        if new.state is State.FAILED and isinstance(code, str) and code and code != why:
+        failure = frame.body.failure
+        code = failure.code if failure is not None else None
+        why = note if note is not None else frame.body.why or ""
+        if new.state is State.FAILED and code and code != why:
             why = f"{why}: {code}" if why else code
         self.transition(old.key, old.state.value, new.state.value, why)
 

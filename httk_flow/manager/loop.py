@@ -25,6 +25,7 @@ from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.passes import ClaimPass, PassContext, RecoveryPass, RegisterPass
 from httk_flow.protocol.children import child_states
 from httk_flow.protocol.discovery import any_marker, walk_all
+from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.leases import (
     FsClock,
     ManagerInfo,
@@ -33,7 +34,7 @@ from httk_flow.protocol.leases import (
     write_heartbeat,
 )
 from httk_flow.protocol.maintenance import read_lock
-from httk_flow.protocol.names import RecordRef, to36
+from httk_flow.protocol.names import to36
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -237,25 +238,25 @@ class Manager:
                 self.joins.child_ended(f.spec.parent.placement, f.spec.parent.key, f.spec.key, st)
         return len(done)
 
-    def _join_context(self, frame: dict[str, object]) -> dict[str, object] | None:
+    def _join_context(self, frame: Frame) -> dict[str, object] | None:
         """For every attempt of the step after a join: each child's label, id, state, path."""
-        ref = frame.get("join_ref")
-        if not isinstance(ref, str):
+        ref = frame.snap.join_ref
+        if ref is None:
             return None
         try:
-            waiting = self.ws.reader.read(RecordRef.parse(ref))
-            join = waiting["join"]
-            pairs = [(str(p[0]), p[1]) for p in join["children"]]
+            join = self.ws.reader.frame(ref).body.join
+            if join is None:
+                return None
             kids = child_states(
                 self.ws,
-                str(frame["placement"]),
-                str(frame["key"]),
-                str(frame["job"]),
-                int(join["act"]),
-                [p[0] for p in pairs],
-                dict(pairs),
+                frame.placement,
+                frame.key,
+                frame.job,
+                join.act,
+                [label for label, _ in join.children],
+                dict(join.children),
             )
-        except (FlowError, KeyError, TypeError, ValueError):
+        except FlowError:
             return None
         return {
             "children": [

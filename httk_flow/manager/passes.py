@@ -21,12 +21,13 @@ from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.frames import AttemptRecord, Body, Evidence, Frame, Killed
 from httk_flow.protocol.jobs import fail, load_spec, register
 from httk_flow.protocol.jobspec import JobSpec
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.names import attempt_name
 from httk_flow.protocol.services import ServiceRegistry
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.transition import JobHandle, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -109,7 +110,7 @@ class _Candidate:
 class Claimed:
     handle: JobHandle
     spec: JobSpec
-    body: Frame
+    body: Body  # of the claimed frame
     ready_frame: Frame
 
 
@@ -194,29 +195,31 @@ class ClaimPass:
         if self.ends_at is not None and self._too_long.get(h.key, 0) > now:
             return None
         try:
-            frame = ctx.ws.reader.read(h.marker.ref)
+            frame = ctx.ws.reader.frame(h.marker.ref)
             spec = ctx.specs.pop(h.key, None) or load_spec(ctx.ws, h.placement, h.key)
         except FileNotFoundError:
             return None  # claimed by someone else meanwhile, or gone
         except FlowError as e:
             try:
-                fail(ctx.ws, h, {}, "protocol_error", e.render(), actor=ctx.actor)
+                fail(ctx.ws, h, None, "protocol_error", e.render(), actor=ctx.actor)
             except FlowError:
                 ctx.report_once(h.key, e.render())
             return None
         if self.ends_at is not None and spec.time is not None and now + spec.time > self.ends_at:
             self._too_long[h.key] = now + 60
             return None
-        attempt = {
-            "n": int(frame.get("tries", 0)) + 1,
-            "manager": ctx.actor,
-            "host": ctx.ws.host,
-            "step": frame.get("step", spec.step),
-        }
-        attempt["id"] = f"a{attempt['n']:04d}"
-        body = carry(frame, attempt=attempt, why="claimed")
-        body["try"] = int(frame.get("try", 0)) + 1
-        body["tries"] = attempt["n"]
+        snap = frame.snap
+        n = snap.tries + 1
+        attempt = AttemptRecord(
+            n=n,
+            id=attempt_name(n),
+            manager=ctx.actor,
+            host=ctx.ws.host,
+            step=snap.step or spec.step,
+        )
+        body = frame.body.carry(
+            snap=snap.but(try_=snap.try_ + 1, tries=n), attempt=attempt, why="claimed"
+        )
         try:
             claimed = transition(ctx.ws, h, State.CLAIMED, body, actor=ctx.actor, note="")
         except TransitionConflict:
@@ -233,9 +236,8 @@ class ClaimPass:
 
     def release(self, c: Claimed) -> None:
         """Give a claim back (drain started between claim and launch)."""
-        body = carry(c.body, try_=None, why="released")
-        body.pop("try_", None)
-        body["try"] = max(0, int(c.body.get("try", 1)) - 1)
+        snap = c.body.snap
+        body = c.body.carry(snap=snap.but(try_=max(0, snap.try_ - 1)), why="released")
         try:
             transition(self.ctx.ws, c.handle, State.READY, body, actor=self.ctx.actor)
         except FlowError:
@@ -272,7 +274,7 @@ class RecoveryPass:
         self._unsettled: set[str] = set()  # suspects still owning work in this sweep
         self._next_sweep = 0.0
         #: orphaned attempts we killed, by job key: named in the takeover's evidence
-        self._killed: dict[str, dict[str, object]] = {}
+        self._killed: dict[str, Killed] = {}
         #: jobs this pass's takeovers committed to failed / succeeded (for `flow run`)
         self.failed = 0
         self.succeeded = 0
@@ -311,41 +313,42 @@ class RecoveryPass:
 
     def _one(self, h: JobHandle) -> int:
         ctx = self.ctx
-        frame = ctx.ws.reader.read(h.marker.ref)
-        att = frame.get("attempt")
-        att = att if isinstance(att, dict) else {}
-        owner = att.get("manager")
-        if h.state is State.COMMITTING and isinstance(frame.get("by"), str):
+        frame = ctx.ws.reader.frame(h.marker.ref)
+        was = frame.body
+        att = was.attempt
+        owner = att.manager if att is not None and att.manager else None
+        if h.state is State.COMMITTING and frame.by:
             # a commit is held by whoever wrote its committing frame (a taker, perhaps):
             # evidence about the attempt's first owner says nothing about the holder
-            owner = frame["by"]
+            owner = frame.by
         if owner == ctx.actor:
             if h.state is State.CANCELLING and self.mine(h.key):
                 self.on_cancel_mine(h.key)
             return 0
-        evidence = self.oracle.gone(owner if isinstance(owner, str) else None)
+        evidence = self.oracle.gone(owner)
         if evidence is None:
-            if isinstance(owner, str):
+            if owner is not None:
                 self._unsettled.add(owner)
             return 0
         owner_evidence = evidence
-        same_host = att.get("host") == ctx.ws.host
-        pid = att.get("pid")
-        if h.state in (State.RUNNING, State.CANCELLING) and isinstance(pid, int):
+        same_host = att is not None and att.host == ctx.ws.host
+        pid = att.pid if att is not None else None
+        if h.state in (State.RUNNING, State.CANCELLING) and pid is not None:
             if same_host:
-                if process_alive(pid, att.get("start_time")) or group_alive(pid):
+                start_time = att.start_time if att is not None else None
+                if process_alive(pid, start_time) or group_alive(pid):
                     # an orphan of a dead manager: stop it, take over once it is gone;
                     # the kill is ours and the takeover's evidence says so
                     signal_group(pid, 9)
                     self._killed.setdefault(
                         h.key,
-                        {
-                            "signal": 9,
-                            "by": ctx.actor,
-                            "pgid": pid,
-                            "at": round(time.time(), 3),
-                            "why": f"orphan of manager {owner} ({evidence})",
-                        },
+                        Killed(
+                            signal=9,
+                            by=ctx.actor,
+                            pgid=pid,
+                            at=round(time.time(), 3),
+                            why=f"orphan of manager {owner} ({evidence})",
+                        ),
                     )
                     if len(self._killed) > 10_000:
                         self._killed.clear()
@@ -363,44 +366,37 @@ class RecoveryPass:
                     )
                     self._unsettled.add(str(owner))
                     return 0
-        proof: dict[str, object] = {"owner": owner, "evidence": evidence, "host": ctx.ws.host}
-        if h.state in (State.RUNNING, State.CANCELLING) and same_host and isinstance(pid, int):
-            proof["owner_evidence"] = owner_evidence
-            killed = self._killed.pop(h.key, None)
-            if killed is not None:
-                proof["killed"] = killed
+        proof = Evidence(owner=owner, evidence=evidence, host=ctx.ws.host)
+        if h.state in (State.RUNNING, State.CANCELLING) and same_host and pid is not None:
+            proof = proof.but(owner_evidence=owner_evidence, killed=self._killed.pop(h.key, None))
+        note = f"owner {owner} {evidence}"
         if h.state is State.CLAIMED:
-            body = carry(frame, why="released: owner gone", evidence=proof)
-            body["try"] = max(0, int(frame.get("try", 1)) - 1)
-            note = f"owner {owner} {evidence}"
+            snap = was.snap.but(try_=max(0, was.snap.try_ - 1))
+            body = was.carry(snap=snap, why="released: owner gone", evidence=proof)
             transition(ctx.ws, h, State.READY, body, actor=ctx.actor, note=note)
         elif h.state is State.CANCELLING:
-            body = carry(frame, attempt=att, why="cancelled", evidence=proof)
-            note = f"owner {owner} {evidence}"
+            body = was.carry(attempt=att, why="cancelled", evidence=proof)
             transition(ctx.ws, h, State.CANCELLED, body, actor=ctx.actor, note=note)
         elif h.state is State.COMMITTING:
             self._count(self.committer.resume(h, frame, evidence=proof))
         elif h.state is State.RUNNING:
             spec = load_spec(ctx.ws, h.placement, h.key)
-            n = att.get("n")
             # the directory is derived from the attempt number, never taken from the frame
             # a manager that died under its attempt (not one that said goodbye) counts
             # towards the job's manager deaths: a job may be what kills its managers
-            died = proof["evidence"] != "stopped" and proof.get("owner_evidence") != "stopped"
+            died = proof.evidence != "stopped" and proof.owner_evidence != "stopped"
             ending = (
                 self.committer.ending_from_dir(
-                    attempt_dir(ctx.ws, h.placement, h.key, n),
+                    attempt_dir(ctx.ws, h.placement, h.key, att.n),
                     None,
                     None,
                     interrupted=True,
                     owner_died=died,
                 )
-                if isinstance(n, int) and not isinstance(n, bool)
+                if att is not None
                 else Ending(None, None, interrupted=True, owner_died=died)
             )
-            self._count(
-                self.committer.commit(h, spec, {**carry(frame), "attempt": att}, ending, proof)
-            )
+            self._count(self.committer.commit(h, spec, was.carry(attempt=att), ending, proof))
         return 1
 
     def _workdir(self, h: JobHandle) -> str:

@@ -21,8 +21,9 @@ from filelock import FileLock, Timeout
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.protocol import leases, names
 from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.jobs import load_spec
-from httk_flow.protocol.journal import Frame, iter_segment
+from httk_flow.protocol.journal import iter_segment
 from httk_flow.protocol.leases import Liveness
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key
@@ -174,13 +175,13 @@ class Fsck:
 
     def _marker(self, h: JobHandle) -> None:
         try:
-            frame = self.ws.reader.read(h.marker.ref)
-            if frame.get("key") != h.key or frame.get("to") != h.state.value:
+            frame = self.ws.reader.frame(h.marker.ref)
+            if frame.key != h.key or frame.to is not h.state:
                 self._problem(
                     "frame_mismatch",
                     f"job {h.key}",
                     f"its marker in {h.state.value} names a frame for "
-                    f"{frame.get('key')} -> {frame.get('to')}",
+                    f"{frame.key} -> {frame.to.value}",
                 )
             elif h.state.is_active:
                 self._active(h, frame)
@@ -206,20 +207,20 @@ class Fsck:
             since = os.lstat(h.path(self.ws)).st_ctime
         except OSError:
             return  # it moved on while we looked
-        att = frame.get("attempt")
-        att = att if isinstance(att, dict) else {}
-        owner, host = att.get("manager"), att.get("host")
-        if h.state is State.COMMITTING and isinstance(frame.get("by"), str):
+        att = frame.body.attempt
+        owner = att.manager or None if att is not None else None
+        host = att.host if att is not None else None
+        if h.state is State.COMMITTING and frame.by:
             # a commit is held by whoever wrote its committing frame (protocol.md §10)
-            owner, host = frame["by"], None
-        lv = self._managers().get(owner) if isinstance(owner, str) else None
+            owner, host = frame.by, None
+        lv = self._managers().get(owner) if owner is not None else None
         if lv is not None:
             host = lv.info.host
-        on = f" on {host}" if isinstance(host, str) and host else ""
+        on = f" on {host}" if host else ""
         where = f"{h.state.value}, held by"
         stamp = dt.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
         age = _span(self.now - since)
-        if not isinstance(owner, str):
+        if owner is None:
             who = "no manager (its frame names none)"
         elif lv is None:
             grace = self.ws.policy.lease * self.ws.policy.takeover_factor

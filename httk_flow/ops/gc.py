@@ -21,7 +21,6 @@ from httk_flow.protocol import requests
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.journal import iter_segment, segment_name
 from httk_flow.protocol.leases import read_managers
-from httk_flow.protocol.names import RecordRef
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import locate_key
 from httk_flow.protocol.workspace import Workspace
@@ -101,8 +100,8 @@ def _attempts(ws: Workspace, report: GcReport, now: float) -> None:
     for st in FINISHED:
         for h in walk_all(ws, st):
             try:
-                ended = float(ws.reader.read(h.marker.ref).get("t", now))
-            except (FlowError, TypeError, ValueError):
+                ended = ws.reader.frame(h.marker.ref).t or now
+            except FlowError:
                 continue
             if ended > horizon:
                 continue
@@ -123,14 +122,8 @@ def _segments(ws: Workspace, report: GcReport, now: float) -> None:
     reachable: set[tuple[str, int]] = set()
     for st in State:
         for h in walk_all(ws, st):
-            ref: RecordRef | None = h.marker.ref
-            while ref is not None:
+            for ref in ws.reader.refs(h.marker.ref):
                 reachable.add((ref.writer, ref.segment))
-                try:
-                    prev = ws.reader.read(ref).get("prev")
-                except FlowError:
-                    break
-                ref = RecordRef.parse(prev) if isinstance(prev, str) else None
     horizon = now - ws.policy.keep_journal_days * DAY
     try:
         writers = list(os.scandir(ws.journal_dir))
@@ -172,15 +165,10 @@ def _still_reached(ws: Workspace, writer: str, segment: int, path: str) -> bool:
     }
     for placement, key in jobs:
         h = locate_key(ws, placement, key)
-        ref: RecordRef | None = h.marker.ref if h else None
-        while ref is not None:
-            if (ref.writer, ref.segment) == (writer, segment):
-                return True
-            try:
-                prev = ws.reader.read(ref).get("prev")
-            except FlowError:
-                break
-            ref = RecordRef.parse(prev) if isinstance(prev, str) else None
+        if h is not None and any(
+            (ref.writer, ref.segment) == (writer, segment) for ref in ws.reader.refs(h.marker.ref)
+        ):
+            return True
     return False
 
 

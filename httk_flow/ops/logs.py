@@ -20,17 +20,13 @@ def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
     if attempt is None:
         chosen = attempts[-1]
     else:
-        match = [a for a in attempts if a.get("n") == attempt]
+        match = [a for a in attempts if a.record.n == attempt]
         if not match:
             raise UsageError(
                 f"has no attempt {attempt} (it has 1-{len(attempts)})", obj=f"job {job.key}"
             )
         chosen = match[0]
-    n = chosen.get("n")
-    if not isinstance(n, int) or isinstance(n, bool):
-        raise UsageError(
-            "has a damaged attempt record", obj=f"job {job.key}", hint="run `flow fsck`"
-        )
+    n = chosen.record.n
     # derived from the number, never taken from the frame: a frame cannot point us elsewhere
     return os.path.join(ws.job_dir(job.placement, job.key), "attempts", attempt_name(n))
 

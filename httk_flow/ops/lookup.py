@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -9,9 +10,9 @@ from dataclasses import dataclass
 from httk_flow.errors import FlowError, JobNotFound
 from httk_flow.protocol import names
 from httk_flow.protocol.discovery import markers_of_placement
+from httk_flow.protocol.frames import AttemptRecord, Failure, Frame, Result
 from httk_flow.protocol.jobs import all_jobs, history, load_spec
 from httk_flow.protocol.jobspec import JobSpec
-from httk_flow.protocol.journal import Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
@@ -84,27 +85,82 @@ class JobView:
     handle: JobHandle
     spec: JobSpec | None
     spec_error: str | None
-    frame: Frame
+    frame: Frame | None  # None: the job's history cannot be read
     frames: list[Frame]
 
     @property
-    def attempts(self) -> list[dict[str, object]]:
+    def step(self) -> str | None:
+        return self.frame.snap.step or None if self.frame is not None else None
+
+    @property
+    def activation(self) -> int | None:
+        return self.frame.snap.act if self.frame is not None else None
+
+    @property
+    def failure(self) -> Failure | None:
+        return self.frame.body.failure if self.frame is not None else None
+
+    @property
+    def attempts(self) -> list[AttemptView]:
         """One entry per attempt that was launched, oldest first, with how it ended."""
-        out: dict[str, dict[str, object]] = {}
+        out: dict[str, AttemptView] = {}
         for f in self.frames:
-            att = f.get("attempt")
-            if isinstance(att, dict) and isinstance(att.get("id"), str):
-                entry = out.setdefault(att["id"], {"id": att["id"]})
-                for k in ("n", "step", "manager", "host", "pid", "dir"):
-                    if k in att:
-                        entry[k] = att[k]
-                entry["state"] = f.get("to")
-                if f.get("to") == State.RUNNING.value:
-                    entry["started"] = f.get("t")
-                if "result" in f:
-                    entry["result"] = f["result"]
-                    entry["ended"] = f.get("t")
+            att = f.body.attempt
+            if att is None:
+                continue
+            seen = out.get(att.id)
+            v = AttemptView(att, f.to, seen.started if seen else None, None, None)
+            if f.to is State.RUNNING:
+                v = dataclasses.replace(v, started=f.t)
+            if f.body.result is not None:
+                v = dataclasses.replace(v, result=f.body.result, ended=f.t)
+            elif seen is not None:
+                v = dataclasses.replace(v, result=seen.result, ended=seen.ended)
+            out[att.id] = v
         return list(out.values())
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One attempt as `flow show` tells it: its record, where it went, how it ended."""
+
+    record: AttemptRecord
+    state: State
+    started: float | None
+    ended: float | None
+    result: Result | None
+
+    def to_json(self) -> dict[str, object]:
+        a = self.record
+        d: dict[str, object] = {"id": a.id, "n": a.n, "step": a.step, "manager": a.manager}
+        d["host"] = a.host
+        if a.pid is not None:
+            d["pid"] = a.pid
+        if a.dir is not None:
+            d["dir"] = a.dir
+        d["state"] = self.state.value
+        if self.started is not None:
+            d["started"] = self.started
+        if self.result is not None:
+            d["result"] = self.result.to_json()
+            d["ended"] = self.ended
+        return d
+
+    @property
+    def result_words(self) -> str:
+        """How it ended in words: the outcome's action, else the exit status."""
+        r = self.result
+        if r is None:
+            return "-"
+        if r.outcome is not None:
+            return r.outcome_words
+        if r.outcome_error:
+            return "bad outcome"
+        if r.interrupted:
+            return f"interrupted ({r.interrupted})"
+        if r.signal:
+            return f"signal {r.signal}"
+        return f"exit {r.exit}"
 
 
 def view(ws: Workspace, job: JobHandle) -> JobView:
@@ -115,7 +171,7 @@ def view(ws: Workspace, job: JobHandle) -> JobView:
     except FlowError as e:
         error = e.render()
     frames = history(ws, job)
-    return JobView(job, spec, error, frames[-1] if frames else {}, frames)
+    return JobView(job, spec, error, frames[-1] if frames else None, frames)
 
 
 @dataclass(frozen=True)
@@ -155,8 +211,8 @@ def list_rows(
         if limit is not None and n >= limit:
             return
         try:
-            f = ws.reader.read(h.marker.ref)
-            step, tries = str(f.get("step", "?")), int(f.get("tries", 0))
+            snap = ws.reader.frame(h.marker.ref).snap
+            step, tries = snap.step or "?", snap.tries
         except FlowError:
             step, tries = "?", 0
         n += 1

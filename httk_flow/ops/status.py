@@ -64,7 +64,7 @@ def workspace_status(
                 groups.setdefault(h.marker.tag or "-", Counter())[st] += 1
             elif by == "step":
                 try:
-                    step = str(ws.reader.read(h.marker.ref).get("step", "?"))
+                    step = ws.reader.frame(h.marker.ref).snap.step or "?"
                 except FlowError:
                     step = "?"
                 groups.setdefault(step, Counter())[st] += 1

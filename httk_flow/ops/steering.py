@@ -15,9 +15,10 @@ from httk_flow.errors import FlowError, TransitionConflict, UsageError
 from httk_flow.protocol import names, requests
 from httk_flow.protocol.children import child_placement
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.frames import Last, LastKind
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle, carry, locate_key, transition
+from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -79,12 +80,10 @@ def _cancel_one(ws: Workspace, job: JobHandle, reason: str) -> SteerResult:
         st = job.state
         if st in (State.SUCCEEDED, State.CANCELLED, State.CANCELLING):
             return SteerResult(job.key, st, st, f"already {st.value}")
-        frame = ws.reader.read(job.marker.ref)
+        was = ws.reader.frame(job.marker.ref).body
         try:
             if st is State.RUNNING:
-                body = carry(
-                    frame, attempt=frame.get("attempt"), why="cancel requested", reason=reason
-                )
+                body = was.carry(attempt=was.attempt, why="cancel requested", reason=reason)
                 new = transition(ws, job, State.CANCELLING, body, actor=_actor())
                 crash_point("cancel.after_fence")
                 return SteerResult(job.key, st, new.state, "its manager stops the process group")
@@ -92,7 +91,7 @@ def _cancel_one(ws: Workspace, job: JobHandle, reason: str) -> SteerResult:
                 time.sleep(0.2)  # a commit takes milliseconds; look again
                 job = _retry_locate(ws, job)
                 continue
-            body = carry(frame, why="cancelled", reason=reason)
+            body = was.carry(why="cancelled", reason=reason)
             new = transition(ws, job, State.CANCELLED, body, actor=_actor())
             return SteerResult(job.key, st, new.state)
         except TransitionConflict:
@@ -107,15 +106,11 @@ def _cancel_one(ws: Workspace, job: JobHandle, reason: str) -> SteerResult:
 def pause(ws: Workspace, job: JobHandle) -> SteerResult:
     for _ in range(5):
         st = job.state
-        frame = ws.reader.read(job.marker.ref)
+        was = ws.reader.frame(job.marker.ref).body
         try:
             if st in (State.READY, State.WAITING):
                 new = transition(
-                    ws,
-                    job,
-                    State.PAUSED,
-                    carry(frame, join=frame.get("join"), why="paused"),
-                    actor=_actor(),
+                    ws, job, State.PAUSED, was.carry(join=was.join, why="paused"), actor=_actor()
                 )
                 return SteerResult(job.key, st, new.state)
             if st in (State.CLAIMED, State.RUNNING, State.COMMITTING):
@@ -142,30 +137,20 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
         )
     if step is not None:
         names.check_ident(step, "step name")
-    frame = ws.reader.read(job.marker.ref)
-    join = frame.get("join")
-    if st is State.PAUSED and isinstance(join, dict) and step is None:
+    was = ws.reader.frame(job.marker.ref).body
+    # an operator looked: the interruption and manager-death counts start again
+    looked = was.snap.but(intr=0, deaths=0)
+    if st is State.PAUSED and was.join is not None and step is None:
         # a paused join goes back to waiting for its children
-        body = carry(frame, join=join, why="resumed")
-        body["intr"] = 0
-        if "deaths" in body:
-            body["deaths"] = 0
-        try:
-            new = transition(ws, job, State.WAITING, body, actor=_actor())
-        except FlowError:
-            raise
+        body = was.carry(snap=looked, join=was.join, why="resumed")
+        new = transition(ws, job, State.WAITING, body, actor=_actor())
         return SteerResult(job.key, st, new.state)
-    body = carry(frame, why="resumed", last="resumed")
-    body["try"] = 0
-    body["intr"] = 0  # an operator looked: the interruption count starts again
-    if "deaths" in body:
-        body["deaths"] = 0
+    snap = looked.but(try_=0, last=Last.of(LastKind.RESUMED))
     if step is not None or st is State.FAILED:
-        body["act"] = int(frame.get("act", 1)) + 1
+        snap = snap.but(act=snap.act + 1)
     if step is not None:
-        body["step"] = step
-        body["join_ref"] = None
-    new = transition(ws, job, State.READY, body, actor=_actor())
+        snap = snap.but(step=step, join_ref=None)
+    new = transition(ws, job, State.READY, was.carry(snap=snap, why="resumed"), actor=_actor())
     # a pause request still pending names a generation before the pause or failure, so
     # the next manager to look retires it rather than pausing this new activation
     return SteerResult(job.key, st, new.state)
@@ -186,8 +171,8 @@ def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:
                 f"is {st.value}; priority changes while a job is ready, waiting, paused or running",
                 obj=f"job {job.key}",
             )
-        frame = ws.reader.read(job.marker.ref)
-        body = carry(frame, join=frame.get("join"), why=f"priority {priority}")
+        was = ws.reader.frame(job.marker.ref).body
+        body = was.carry(join=was.join, why=f"priority {priority}")
         try:
             new = transition(
                 ws,

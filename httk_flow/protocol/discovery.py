@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.handles import JobHandle
 from httk_flow.protocol.names import MARKER_RE, Marker
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
 
 #: how many entries pass between two calls of the heartbeat hook
@@ -201,10 +201,16 @@ def any_marker(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> b
 
 
 def markers_of_placement(
-    ws: Workspace, placement: str, states: Iterable[State] = tuple(State)
+    ws: Workspace,
+    placement: str,
+    states: Iterable[State] = tuple(State),
+    *,
+    key: str | None = None,
 ) -> Iterator[tuple[State, Marker]]:
-    """(state, marker) of every marker name directly in one placement, one listing per
-    state kind (in `states` order). A kind whose directory cannot be listed is skipped."""
+    """(state, marker) of every marker name directly in one placement (only job `key`'s,
+    if given), one listing per state kind (in `states` order). A kind whose directory
+    cannot be listed is skipped."""
+    prefix = key + "." if key is not None else ""
     for st in states:
         try:
             # through the seam, so an NFS model sees (and can delay) these listings too;
@@ -213,6 +219,8 @@ def markers_of_placement(
         except OSError:
             continue
         for name in entries:
+            if not name.startswith(prefix):
+                continue  # cheaper than parsing every other job's name
             m = Marker.parse_or_none(name)
-            if m is not None:
+            if m is not None and (key is None or m.key == key):
                 yield st, m

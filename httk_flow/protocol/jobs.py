@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 from httk_flow.errors import FlowError, InvalidJob
 from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.frames import Body, Failure, Frame
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.jobspec import MAX_JOB_JSON, JobSpec
-from httk_flow.protocol.journal import Frame
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle, carry, transition
+from httk_flow.protocol.transition import JobHandle, transition
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -31,12 +31,19 @@ def load_spec(ws: Workspace, placement: str, key: str) -> JobSpec:
 
 
 def current_frame(ws: Workspace, job: JobHandle) -> Frame:
-    return ws.reader.read(job.marker.ref)
+    return ws.reader.frame(job.marker.ref)
 
 
 def history(ws: Workspace, job: JobHandle) -> list[Frame]:
     """Every transition of the job, oldest first."""
     frames = list(ws.reader.chain(job.marker.ref))
+    frames.reverse()
+    return frames
+
+
+def history_json(ws: Workspace, job: JobHandle) -> list[dict[str, object]]:
+    """Every transition of the job as its frame was written, oldest first."""
+    frames = list(ws.reader.chain_json(job.marker.ref))
     frames.reverse()
     return frames
 
@@ -51,7 +58,7 @@ def register(
     try:
         frame = current_frame(ws, job)
     except FlowError as e:
-        return fail(ws, job, {}, "protocol_error", e.render(), actor=actor)
+        return fail(ws, job, None, "protocol_error", e.render(), actor=actor)
     try:
         spec = load_spec(ws, job.placement, job.key)
         if spec.program.digest and not fs.exists(ws.program_path(spec.program.digest)):
@@ -60,22 +67,24 @@ def register(
         return fail(ws, job, frame, "protocol_error", e.render(), actor=actor)
     if specs is not None:
         specs[job.key] = spec
-    return transition(ws, job, State.READY, carry(frame), actor=actor)
+    return transition(ws, job, State.READY, frame.body.carry(), actor=actor)
 
 
 def fail(
     ws: Workspace,
     job: JobHandle,
-    frame: Frame,
+    frame: Frame | Body | None,
     code: str,
     message: str,
     *,
     actor: str,
     retryable: bool = False,
 ) -> JobHandle:
-    """Move a job to failed with a failure record (code, message, retryable)."""
-    failure = {"code": code, "message": message[:4000], "retryable": retryable}
-    return transition(ws, job, State.FAILED, carry(frame, failure=failure), actor=actor)
+    """Move a job to failed with a failure record (code, message, retryable); `frame` is
+    the job's current frame or body (None: it could not be read; no snapshot is kept)."""
+    failure = Failure(code, message[:4000], retryable)
+    body = frame.body if isinstance(frame, Frame) else frame or Body()
+    return transition(ws, job, State.FAILED, body.carry(failure=failure), actor=actor)
 
 
 def all_jobs(ws: Workspace, states: tuple[State, ...] = tuple(State)) -> Iterator[JobHandle]:

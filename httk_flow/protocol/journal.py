@@ -17,10 +17,12 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import CorruptRecord, FlowError
+from httk_flow.protocol.frames import BadFrame, Frame, check_frame
 from httk_flow.protocol.fsio import fsync_dir
 from httk_flow.protocol.names import RecordRef, to36
 
-Frame = dict[str, Any]
+#: a frame as JSON: what is appended, and what the byte layer reads back
+RawFrame = dict[str, Any]
 #: a frame larger than this is not ours (or is damaged); refuse it rather than buffer it
 MAX_FRAME = 4 * 1024 * 1024
 _READ_CHUNK = 2048
@@ -104,10 +106,10 @@ class JournalWriter:
         if self._durable:
             fsync_dir(self._dir)
 
-    def append(self, frame: Frame) -> RecordRef:
+    def append(self, frame: RawFrame) -> RecordRef:
         return self.append_many((frame,))[0]
 
-    def append_many(self, frames: Sequence[Frame]) -> list[RecordRef]:
+    def append_many(self, frames: Sequence[RawFrame]) -> list[RecordRef]:
         """Append frames in one write; returns their refs. Durable mode syncs before return."""
         # encoded first: a frame that cannot be serialised writes nothing
         lines = [orjson.dumps(f) + b"\n" for f in frames]
@@ -227,48 +229,6 @@ def _append_error(e: OSError, path: str) -> FlowError:
     )
 
 
-#: members every reader relies on, and their types (checked when a frame is read)
-_INT_MEMBERS = ("gen", "act", "try", "tries", "intr", "deaths")
-_STR_MEMBERS = ("job", "key", "placement", "to", "step")
-_DICT_MEMBERS = ("attempt", "join", "result", "decision", "failure", "evidence")
-
-
-def check_frame(frame: Frame) -> str | None:
-    """The first member of a frame whose type is wrong, or None: parsed at the boundary."""
-    for k in _INT_MEMBERS:
-        v = frame.get(k)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            return f"member {k!r}"
-    for k in _STR_MEMBERS:
-        v = frame.get(k)
-        if v is not None and not isinstance(v, str):
-            return f"member {k!r}"
-    for k in _DICT_MEMBERS:
-        v = frame.get(k)
-        if v is not None and not isinstance(v, dict):
-            return f"member {k!r}"
-    prev = frame.get("prev")
-    if prev is not None and not isinstance(prev, str):
-        return "member 'prev'"
-    join = frame.get("join")
-    if isinstance(join, dict):
-        kids = join.get("children", [])
-        if (
-            not isinstance(kids, list)
-            or not all(
-                isinstance(c, list)
-                and len(c) == 2
-                and isinstance(c[0], str)
-                and (c[1] is None or isinstance(c[1], str))
-                for c in kids
-            )
-            or not isinstance(join.get("act", 0), int)
-            or not isinstance(join.get("next", ""), str)
-        ):
-            return "join"
-    return None
-
-
 class JournalReader:
     """Reads frames by reference through a small cache of open segment handles."""
 
@@ -298,7 +258,8 @@ class JournalReader:
             os.close(old)
         return fd
 
-    def read(self, ref: RecordRef) -> Frame:
+    def read(self, ref: RecordRef) -> RawFrame:
+        """The frame `ref` names as JSON, its members' shapes checked (check_frame)."""
         fd = self._fd(ref.writer, ref.segment)
         buf = b""
         pos = ref.offset
@@ -330,16 +291,42 @@ class JournalReader:
             raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}")
         return frame
 
+    def frame(self, ref: RecordRef) -> Frame:
+        """The frame `ref` names, parsed; CorruptRecord if it is not a whole frame."""
+        try:
+            return Frame.from_json(self.read(ref))
+        except BadFrame as e:
+            raise CorruptRecord(f"journal frame has a bad {e}", obj=f"record {ref}") from None
+
     def chain(self, ref: RecordRef, *, limit: int = 100_000) -> Iterator[Frame]:
         """Frames from `ref` backwards through `prev`, newest first."""
         cur: RecordRef | None = ref
         for _ in range(limit):
             if cur is None:
                 return
-            frame = self.read(cur)
+            frame = self.frame(cur)
             yield frame
-            prev = frame.get("prev")
-            cur = RecordRef.parse(prev) if isinstance(prev, str) else None
+            cur = frame.prev
+
+    def chain_json(self, ref: RecordRef, *, limit: int = 100_000) -> Iterator[RawFrame]:
+        """As chain(), as written: for tools that show frames as JSON."""
+        for cur in self.refs(ref, limit=limit):
+            yield self.read(cur)
+
+    def refs(self, ref: RecordRef, *, limit: int = 100_000) -> Iterator[RecordRef]:
+        """`ref` and the references back through `prev` for as long as frames read as
+        JSON: what a job's history reaches, even where a member is of a shape this
+        version refuses (so that gc never deletes what an older frame still names)."""
+        cur: RecordRef | None = ref
+        for _ in range(limit):
+            if cur is None:
+                return
+            yield cur
+            try:
+                prev = self.read(cur).get("prev")
+                cur = RecordRef.parse(prev) if isinstance(prev, str) else None
+            except FlowError:
+                return
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -347,7 +334,7 @@ class JournalReader:
         self._fds.clear()
 
 
-def iter_segment(path: str) -> Iterator[tuple[int, Frame | None]]:
+def iter_segment(path: str) -> Iterator[tuple[int, RawFrame | None]]:
     """Every frame of one segment with its offset; None for a line that does not parse."""
     with open(path, "rb") as fh:
         off = 0

@@ -293,15 +293,14 @@ def judge(ws: Workspace, job: JobHandle, req: Request) -> Verdict:
     ends = _ENDS_PAUSE if req.op == "pause" else _ENDS_PRIORITY
     ended: str | None = None
     for frame in ws.reader.chain(job.marker.ref, limit=cur - req.gen + 1):
-        gen = frame.get("gen")
-        if not isinstance(gen, int) or gen <= req.gen:
+        gen = frame.gen
+        if gen <= req.gen:
             break
-        done = frame.get("requests")
-        if isinstance(done, list) and req.name in done:
+        if frame.body.requests is not None and req.name in frame.body.requests:
             return Verdict(False, applied=True, reason=f"applied at generation {gen}")
-        to = frame.get("to")
-        if isinstance(to, str) and to in _END_NAMES[req.op]:
-            ended = f"the job became {to} at generation {gen} first"  # keep the earliest
+        if frame.to.value in _END_NAMES[req.op]:
+            # keep the earliest
+            ended = f"the job became {frame.to.value} at generation {gen} first"
     if ended is not None:
         return Verdict(False, reason=ended)
     if job.state in ends:

@@ -19,6 +19,7 @@ import orjson
 from httk_flow.errors import UsageError
 from httk_flow.protocol import names
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.frames import Body, Frame, Snapshot
 from httk_flow.protocol.fsio import fs, fsync_dir, write_file
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inputs
 from httk_flow.protocol.jobspec import (
@@ -314,17 +315,15 @@ def _birth_marker(job_dir: str) -> str | None:
 
 
 def _submission_frame(s: JobSpec, actor: str) -> dict[str, object]:
-    return {
-        "job": s.id,
-        "key": s.key,
-        "placement": s.placement,
-        "to": State.SUBMITTED.value,
-        "gen": 0,
-        "prev": None,
-        "t": s.created,
-        "by": actor,
-        "step": s.step,
-        "act": 1,
-        "try": 0,
-        "tries": 0,
-    }
+    return Frame(
+        job=s.id,
+        key=s.key,
+        placement=s.placement,
+        source=None,
+        to=State.SUBMITTED,
+        gen=0,
+        prev=None,
+        t=s.created,
+        by=actor,
+        body=Body(Snapshot(step=s.step)),
+    ).to_json()

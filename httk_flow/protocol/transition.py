@@ -10,39 +10,19 @@ from __future__ import annotations
 import errno
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from httk_flow.errors import FlowError, InvalidName, TransitionConflict
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.discovery import markers_of_placement
+from httk_flow.protocol.frames import Body, Frame
 from httk_flow.protocol.fsio import fs, fsync_dir
-from httk_flow.protocol.journal import Frame
-from httk_flow.protocol.names import Marker, check_placement
+from httk_flow.protocol.handles import JobHandle
+from httk_flow.protocol.names import check_placement
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
-#: snapshot members every frame carries forward, so the newest frame is the job's state
-CARRIED = ("step", "act", "try", "tries", "intr", "deaths", "last", "join_ref")
-
-
-@dataclass(frozen=True, slots=True)
-class JobHandle:
-    """Where a job's marker is: its state kind, placement and parsed marker name."""
-
-    state: State
-    placement: str
-    marker: Marker
-
-    @property
-    def key(self) -> str:
-        return self.marker.key
-
-    @property
-    def job_id(self) -> str:
-        return self.marker.job_id
-
-    def path(self, ws: Workspace) -> str:
-        return ws.marker_path(self.state, self.placement, self.marker)
+__all__ = ["JobHandle", "TransitionObserver", "locate_key", "rename_marker", "transition"]
 
 
 class TransitionObserver(Protocol):
@@ -54,18 +34,11 @@ class TransitionObserver(Protocol):
         """Record the move; it has happened and cannot be undone here."""
 
 
-def carry(frame: Frame, **changes: Any) -> dict[str, Any]:
-    """The snapshot of `frame` with `changes` applied: the body of the next frame."""
-    body = {k: frame[k] for k in CARRIED if k in frame}
-    body.update(changes)
-    return body
-
-
 def transition(
     ws: Workspace,
     job: JobHandle,
     target: State,
-    body: dict[str, Any],
+    body: Body,
     *,
     actor: str,
     priority: int | None = None,
@@ -79,19 +52,19 @@ def transition(
     Raises TransitionConflict when another actor moved the marker first.
     """
     job.state.check(target)
-    frame: Frame = {
-        "job": job.job_id,
-        "key": job.key,
-        "placement": job.placement,
-        "from": job.state.value,
-        "to": target.value,
-        "gen": job.marker.generation + 1,
-        "prev": str(job.marker.ref),
-        "t": round(time.time(), 3),
-        "by": actor,
-    }
-    frame.update(body)
-    ref = ws.writer.append(frame)
+    frame = Frame(
+        job=job.job_id,
+        key=job.key,
+        placement=job.placement,
+        source=job.state,
+        to=target,
+        gen=job.marker.generation + 1,
+        prev=job.marker.ref,
+        t=round(time.time(), 3),
+        by=actor,
+        body=body,
+    )
+    ref = ws.writer.append(frame.to_json())
     crash_point("transition.after_journal")
     new = JobHandle(
         target, job.placement, job.marker.successor(ref, priority=priority, not_before=not_before)
@@ -168,16 +141,6 @@ def locate_key(ws: Workspace, placement: str, key: str) -> JobHandle | None:
         check_placement(placement)
     except InvalidName:
         return None
-    prefix = key + "."
-    for st in State:
-        try:
-            # through the seam, so an NFS model sees (and can delay) this listing too
-            names = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
-        except OSError:
-            continue
-        for n in names:
-            if n.startswith(prefix):
-                m = Marker.parse_or_none(n)
-                if m is not None and m.key == key:
-                    return JobHandle(st, placement, m)
+    for st, m in markers_of_placement(ws, placement, key=key):
+        return JobHandle(st, placement, m)
     return None

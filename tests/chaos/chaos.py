@@ -69,7 +69,7 @@ from httk_flow.errors import FlowError
 from httk_flow.protocol import jobs, names
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.durations import parse_duration
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.leases import heartbeat_path
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
@@ -1784,7 +1784,7 @@ def audit(
                 # every marker has a history of its own: read the others' too
                 for st, placement, m in found[:-1]:
                     try:
-                        other = jobs.history(ws, JobHandle(st, placement, m))
+                        other = jobs.history_json(ws, JobHandle(st, placement, m))
                     except FlowError:
                         continue
                     eexist = _file_exists(other)
@@ -1810,7 +1810,7 @@ def audit(
             except FlowError as e:
                 v.append(f"job {key}: marker without a valid payload: {e.render()}")
             try:
-                histories[key] = (st, jobs.history(ws, JobHandle(st, placement, m)))
+                histories[key] = (st, jobs.history_json(ws, JobHandle(st, placement, m)))
             except FlowError as e:
                 v.append(f"job {key}: history unreadable: {e.render()}")
     finally:

@@ -30,7 +30,7 @@ from manager.support import (
 
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -139,7 +139,7 @@ def _history(r: Report, kind: str) -> tuple[Expected, State, list[Frame]]:
     try:
         exp = next(e for e in r.expected if e.kind == kind)
         h = lookup.find(ws, exp.key)
-        return exp, h.state, jobs.history(ws, h)
+        return exp, h.state, jobs.history_json(ws, h)
     finally:
         ws.close()
 

@@ -18,6 +18,7 @@ import pytest
 from helpers import fill_disk, small_tmpfs
 
 from httk_flow.errors import FlowError
+from httk_flow.protocol.frames import Body
 from httk_flow.protocol.journal import JournalReader, JournalWriter, iter_segment
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
@@ -96,7 +97,7 @@ def test_a_transition_that_cannot_be_journaled_leaves_its_marker_alone(
         moved, failures = 0, 0
         for h in before.values():
             try:
-                transition(ws, h, State.READY, {"pad": PAD * 4}, actor="test")
+                transition(ws, h, State.READY, Body(extra=(("pad", PAD * 4),)), actor="test")
                 moved += 1
             except FlowError as e:
                 failures += 1
@@ -114,7 +115,7 @@ def test_a_transition_that_cannot_be_journaled_leaves_its_marker_alone(
         filler.unlink()
         for h in handles(ws.root):
             if h.state is State.SUBMITTED:
-                transition(ws, h, State.READY, {}, actor="test")
+                transition(ws, h, State.READY, Body(), actor="test")
         assert {h.state for h in handles(ws.root)} == {State.READY}
         assert len(specs) == 3
         reader.close()

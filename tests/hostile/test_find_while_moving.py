@@ -11,6 +11,7 @@ import pytest
 from manager.support import submit, write_script
 
 from httk_flow.ops import lookup
+from httk_flow.protocol.frames import Body
 from httk_flow.protocol.fsio import FileSystem, set_filesystem
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import transition
@@ -32,7 +33,7 @@ def test_a_job_moving_while_it_is_looked_up_is_found_once(
         def move_after(path: str) -> None:
             if path == submitted and not moved:
                 moved.append(True)  # a manager registers the job just after this listing
-                transition(ws, h, State.READY, {}, actor="mover")
+                transition(ws, h, State.READY, Body(), actor="mover")
 
         # the lookup lists through the filesystem seam, or (older code) os.listdir
         class Moving(FileSystem):

@@ -409,7 +409,7 @@ def test_journal_read(scratch: str, data: bytes, offset: int, segment: int) -> N
     try:
         frame = reader.read(RecordRef("w", segment, offset))
         assert isinstance(frame, dict)
-        for f in reader.chain(RecordRef("w", segment, offset), limit=20):
+        for f in reader.chain_json(RecordRef("w", segment, offset), limit=20):
             assert isinstance(f, dict)
     except (CorruptRecord, InvalidName):
         pass

@@ -29,7 +29,8 @@ from helpers import processes, processes_with_env
 
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.frames import Frame as Frames
+from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 from httk_flow.protocol.transition import JobHandle
@@ -172,7 +173,9 @@ class JobInfo:
     @property
     def attempts(self) -> list[dict[str, Any]]:
         """One entry per launched attempt, oldest first (as `flow show` reports them)."""
-        return lookup.JobView(self.handle, None, None, self.last, self.frames).attempts
+        typed = [Frames.from_json(f) for f in self.frames]
+        view = lookup.JobView(self.handle, None, None, typed[-1], typed)
+        return [a.to_json() for a in view.attempts]
 
     def commits(self) -> list[Frame]:
         """Frames that end a commit (committing -> anything but committing), oldest first."""
@@ -190,7 +193,7 @@ def job(root: str, ident: str) -> JobInfo:
     ws = Workspace.open(root)
     try:
         h = lookup.find(ws, ident)
-        return JobInfo(h, jobs.history(ws, h))
+        return JobInfo(h, jobs.history_json(ws, h))
     finally:
         ws.close()
 
@@ -198,7 +201,7 @@ def job(root: str, ident: str) -> JobInfo:
 def all_jobs(root: str) -> list[JobInfo]:
     ws = Workspace.open(root)
     try:
-        return [JobInfo(h, jobs.history(ws, h)) for h in jobs.all_jobs(ws)]
+        return [JobInfo(h, jobs.history_json(ws, h)) for h in jobs.all_jobs(ws)]
     finally:
         ws.close()
 

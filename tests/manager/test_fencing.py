@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
 

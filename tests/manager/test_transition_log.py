@@ -18,7 +18,7 @@ from helpers import wait_for
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
 from httk_flow.protocol import jobs
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
@@ -182,7 +182,7 @@ def test_a_claim_released_by_a_drain_is_logged(tmp_path: Path, scripts: Path) ->
         final = list(jobs.all_jobs(ws))
         assert [h.state for h in final] == [State.READY, State.READY], out.getvalue()
         for h in final:
-            frames = jobs.history(ws, h)
+            frames = jobs.history_json(ws, h)
             assert frames[-1]["why"] == "released"
             logged = [(src, dst, w) for _, key, src, dst, w in lines if key == h.key]
             assert logged == [("ready", "claimed", ""), ("claimed", "ready", "released")]

@@ -21,6 +21,7 @@ from httk_flow.manager.loop import Manager
 from httk_flow.manager.passes import ClaimPass, PassContext
 from httk_flow.protocol import jobs
 from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.frames import Body
 from httk_flow.protocol.fsio import FileSystem, fs, set_filesystem
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
@@ -38,7 +39,7 @@ def _ready_jobs(root: str, program: str, n: int = JOBS) -> list[str]:
     try:
         ids = [s.id for s in Submitter(ws).submit([SubmitRequest(program=program)] * n)]
         for h in list(jobs.all_jobs(ws, (State.SUBMITTED,))):
-            transition(ws, h, State.READY, {}, actor="setup")
+            transition(ws, h, State.READY, Body(), actor="setup")
         return ids
     finally:
         ws.close()
@@ -70,7 +71,7 @@ def _race(root: str, racers: int, rounds: int) -> tuple[dict[str, list[str]], li
                 rng.shuffle(found)
                 for h in found:
                     try:
-                        transition(ws, h, State.CLAIMED, {"racer": me}, actor=me)
+                        transition(ws, h, State.CLAIMED, Body(extra=(("racer", me),)), actor=me)
                     except TransitionConflict:
                         continue
                     except FlowError as e:

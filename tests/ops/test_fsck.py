@@ -24,6 +24,7 @@ from httk_flow.ops import steering
 from httk_flow.ops.fsck import Fsck
 from httk_flow.protocol import leases
 from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.frames import AttemptRecord, Body, Snapshot
 from httk_flow.protocol.leases import ManagerInfo
 from httk_flow.protocol.names import Marker, RecordRef
 from httk_flow.protocol.states import State
@@ -503,9 +504,12 @@ def _held_by_a_live_manager_elsewhere(
             )
         h = locate_key(ws, job["placement"], job["key"])
         assert h is not None and h.state is State.READY
-        attempt = {"id": "a0001", "n": 1, "manager": owner, "host": ELSEWHERE, "pid": 4242}
+        attempt = AttemptRecord(
+            n=1, id="a0001", manager=owner, host=ELSEWHERE, step="main", pid=4242
+        )
         for st in (State.CLAIMED, State.RUNNING, State.COMMITTING):
-            h = transition(ws, h, st, {"attempt": attempt, "step": "main"}, actor=owner)
+            body = Body(Snapshot(step="main"), attempt=attempt)
+            h = transition(ws, h, st, body, actor=owner)
             if st is state:
                 return
     finally:

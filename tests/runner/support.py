@@ -27,7 +27,7 @@ from manager.support import processes_of
 
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
-from httk_flow.protocol.journal import Frame
+from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
@@ -198,7 +198,7 @@ class Bench:
         ws = Workspace.open(self.root)
         try:
             h = lookup.find(ws, ident)
-            return Job(h, jobs.history(ws, h), Path(ws.job_dir(h.placement, h.key)))
+            return Job(h, jobs.history_json(ws, h), Path(ws.job_dir(h.placement, h.key)))
         finally:
             ws.close()
 
@@ -206,7 +206,7 @@ class Bench:
         ws = Workspace.open(self.root)
         try:
             return [
-                Job(h, jobs.history(ws, h), Path(ws.job_dir(h.placement, h.key)))
+                Job(h, jobs.history_json(ws, h), Path(ws.job_dir(h.placement, h.key)))
                 for h in jobs.all_jobs(ws)
             ]
         finally:
