@@ -16,12 +16,13 @@ from httk_flow.errors import CorruptRecord, FlowError, InvalidOutcome, UsageErro
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
+from httk_flow.protocol import layout
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.jobspec import JobSpec, ParentRef
 from httk_flow.protocol.journal import Frame
-from httk_flow.protocol.names import MAX_PRIORITY, attempt_name
+from httk_flow.protocol.names import MAX_PRIORITY
 from httk_flow.protocol.outcome import ChildDef, read_outcome
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
@@ -169,7 +170,7 @@ class Committer:
             att = frame.get("attempt") or {}
             n = att.get("n") if isinstance(att, dict) else None
             adir = (
-                os.path.join(self.ws.job_dir(mine.placement, mine.key), "attempts", attempt_name(n))
+                layout.attempt_dir(self.ws.job_dir(mine.placement, mine.key), n)
                 if isinstance(n, int) and not isinstance(n, bool)
                 else None
             )
