@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from httk_flow.protocol import layout
 from httk_flow.protocol.frames import Snapshot
 from httk_flow.protocol.fsio import write_file
 from httk_flow.protocol.jobspec import JobSpec
@@ -25,7 +26,7 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LAUNCHER_CONTEXT = 32 * 1024
 #: an empty outcome.tmp.<nonce>/ made for the runner: the bash API fills and renames it
 #: instead of starting a mkdir process (a second publisher makes its own)
-OUTCOME_STAGING = "outcome.tmp.flow"
+OUTCOME_STAGING = layout.OUTCOME_STAGING
 
 
 def bash_api_path() -> str:
@@ -72,7 +73,7 @@ def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> bool:
 
 def attempt_dir(ws: Workspace, placement: str, key: str, number: int) -> str:
     """Where attempt `number` of a job lives: derived, never read from a frame."""
-    return os.path.join(ws.job_dir(placement, key), "attempts", attempt_name(number))
+    return layout.attempt_dir(ws.job_dir(placement, key), number)
 
 
 @dataclass(frozen=True)
@@ -103,21 +104,21 @@ def prepare(
     """Make the attempt directory (context.json, or leave it to the launcher); the plan."""
     job_dir = ws.job_dir(spec.placement, spec.key)
     name = attempt_name(number)
-    attempts = os.path.join(job_dir, "attempts")
-    adir = os.path.join(attempts, name)
+    attempts = layout.attempts_dir(job_dir)
+    adir = layout.attempt_dir(job_dir, number)
     if not _check_inside(ws, job_dir, attempts):
         os.mkdir(attempts)  # the job's first attempt
     os.mkdir(adir)
     if staging:
-        os.mkdir(os.path.join(adir, OUTCOME_STAGING))
+        os.mkdir(layout.outcome_staging(adir))
     if spec.workdir == "persistent":
-        workdir = os.path.join(job_dir, "run")
+        workdir = layout.run_dir(job_dir)
         try:
             os.mkdir(workdir)
         except FileExistsError:
             pass
     else:
-        workdir = os.path.join(adir, "work")
+        workdir = layout.work_dir(adir)
         os.mkdir(workdir)
     step = snap.step or spec.step
     tried = snap.try_
@@ -148,8 +149,8 @@ def prepare(
     if isinstance(kids, list):
         # flow_children reads this plain file: bash needs no JSON parser
         lines = "".join(f"{c['label']} {c['id']} {c['state']} {c['path']}\n" for c in kids)
-        write_file(os.path.join(adir, "children"), lines.encode(), durable=False)
-    ctx_path = os.path.join(adir, "context.json")
+        write_file(layout.children_list(adir), lines.encode(), durable=False)
+    ctx_path = layout.context_file(adir)
     ctx_data = orjson.dumps(context)
     launcher_writes = None
     if ws.policy.durable or len(ctx_data) > MAX_LAUNCHER_CONTEXT:
@@ -163,34 +164,36 @@ def prepare(
         argv = [spec.program.command or "false", *spec.args]
     env = dict(_base_env())
     env.update(
-        FLOW_WORKSPACE_DIR=ws.root,
-        FLOW_JOB_DIR=job_dir,
-        FLOW_JOB_ID=spec.id,
-        FLOW_JOB_KEY=spec.key,
-        FLOW_STEP=step,
-        FLOW_ATTEMPT_ID=name,
-        FLOW_ATTEMPT=str(tried),
-        FLOW_CONTROL_DIR=adir,
-        FLOW_WORKDIR=workdir,
-        FLOW_CONTEXT=ctx_path,
-        FLOW_IS_RESTART="1" if restart else "0",
-        FLOW_UNCLEAN_RESTART="1" if unclean else "0",
-        FLOW_DURABLE="1" if ws.policy.durable else "0",
-        FLOW_BASH_API=BASH_API,
-        FLOW_PYTHON=sys.executable,
+        {
+            layout.ENV_WORKSPACE_DIR: ws.root,
+            layout.ENV_JOB_DIR: job_dir,
+            layout.ENV_JOB_ID: spec.id,
+            layout.ENV_JOB_KEY: spec.key,
+            layout.ENV_STEP: step,
+            layout.ENV_ATTEMPT_ID: name,
+            layout.ENV_ATTEMPT: str(tried),
+            layout.ENV_CONTROL_DIR: adir,
+            layout.ENV_WORKDIR: workdir,
+            layout.ENV_CONTEXT: ctx_path,
+            layout.ENV_IS_RESTART: "1" if restart else "0",
+            layout.ENV_UNCLEAN_RESTART: "1" if unclean else "0",
+            layout.ENV_DURABLE: "1" if ws.policy.durable else "0",
+            layout.ENV_BASH_API: BASH_API,
+            layout.ENV_PYTHON: sys.executable,
+        }
     )
     if spec.array_index is not None:
-        env["FLOW_ARRAY_INDEX"] = str(spec.array_index)
+        env[layout.ENV_ARRAY_INDEX] = str(spec.array_index)
     for k, v in spec.params.items():
-        env[f"FLOW_PARAM_{k}"] = v if isinstance(v, str) else orjson.dumps(v).decode()
+        env[layout.env_param(k)] = v if isinstance(v, str) else orjson.dumps(v).decode()
     return AttemptPlan(
         name,
         adir,
         workdir,
         argv,
         env,
-        os.path.join(adir, "stdout"),
-        os.path.join(adir, "stderr"),
+        layout.stdout_file(adir),
+        layout.stderr_file(adir),
         launcher_writes,
         staging,
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from httk_flow.errors import FlowError, TransitionConflict
 from httk_flow.manager.decide import Decision
 from httk_flow.manager.log import ManagerLog
-from httk_flow.protocol import requests
+from httk_flow.protocol import layout, requests
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Last, LastKind
 from httk_flow.protocol.fsio import fs
@@ -286,7 +286,7 @@ class RequestInbox:
         if now - self._reoffered < REOFFER:
             return 0
         self._reoffered = now
-        base = os.path.join(self.ws.requests, "claimed")
+        base = layout.requests_claimed(self.ws.root)
         try:
             holders = [e.name for e in fs.scandir(base) if e.is_dir(follow_symlinks=False)]
         except FileNotFoundError:

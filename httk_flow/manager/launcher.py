@@ -15,6 +15,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 
+from httk_flow.protocol import layout
 from httk_flow.protocol.procs import group_members_alive, proc_start_time, process_alive
 
 __all__ = [
@@ -31,7 +32,7 @@ __all__ = [
 GATE_CLOSED = 125
 #: the text of the file the launcher writes: in the environment, which only the job's
 #: owner can read (argv is visible to every user of the host); unset before the exec
-_CONTEXT_VAR = "FLOW_LAUNCH_CONTEXT"
+_CONTEXT_VAR = layout.ENV_LAUNCH_CONTEXT
 #: the launcher: open its output files, write context.json if given, enter the workdir,
 #: wait for the gate, then become the program
 _SCRIPT = (

@@ -23,6 +23,7 @@ from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.passes import ClaimPass, PassContext, RecoveryPass, RegisterPass
+from httk_flow.protocol import layout
 from httk_flow.protocol.children import child_states
 from httk_flow.protocol.discovery import any_marker, walk_all
 from httk_flow.protocol.frames import Frame
@@ -137,7 +138,7 @@ class Manager:
             ends_at=self.config.ends_at,
             lease=self.lease,
             start_time=self._start_time,
-            allocation=os.environ.get("FLOW_ALLOCATION_TOKEN", ""),
+            allocation=os.environ.get(layout.ENV_ALLOCATION_TOKEN, ""),
             seq=self._seq,
         )
 

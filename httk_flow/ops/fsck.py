@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from filelock import FileLock, Timeout
 
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.protocol import leases, names
+from httk_flow.protocol import layout, leases, names
 from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.jobs import load_spec
@@ -27,12 +27,10 @@ from httk_flow.protocol.journal import iter_segment
 from httk_flow.protocol.leases import Liveness
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key
-from httk_flow.protocol.workspace import FLOW_DIR, Workspace
+from httk_flow.protocol.workspace import Workspace
 
 #: a temporary or unreferenced payload younger than this may belong to a live operation
 GRACE = 3600.0
-#: directories inside a job that never hold child jobs
-_JOB_INTERNALS = frozenset({"attempts", "run", "files"})
 #: why the lock file cannot be created that mean "this workspace is not writable here":
 #: then fsck checks read-only rather than not at all
 _READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM})
@@ -88,11 +86,11 @@ class Fsck:
         # the filesystem's clock: the ages compared below are of its own stamps
         self.now = leases.fs_now(ws) if now is None else now
         self.report = FsckReport()
-        self.lost = os.path.join(ws.flow, "lost+found")
+        self.lost = layout.lost_found(ws.root)
         self._live: dict[str, Liveness] | None = None
 
     def run(self) -> FsckReport:
-        path = os.path.join(self.ws.flow, "fsck.lock")
+        path = layout.fsck_lock(self.ws.root)
         self.report.lock = path
         try:
             held = FileLock(path).acquire(timeout=0)
@@ -287,11 +285,11 @@ class Fsck:
         for e in entries:
             if not e.is_dir(follow_symlinks=False) or e.name.startswith("."):
                 continue
-            if names.KEY_RE.fullmatch(e.name) and os.path.exists(os.path.join(e.path, "job.json")):
+            if names.KEY_RE.fullmatch(e.name) and os.path.exists(layout.job_file(e.path)):
                 yield e.path, placement, e.name
                 # children live inside their parent
                 yield from self._job_dirs(e.path, f"{placement}/{e.name}" if placement else e.name)
-            elif e.name not in _JOB_INTERNALS and d != os.path.join(self.ws.root, FLOW_DIR):
+            elif e.name not in layout.JOB_INTERNALS and d != layout.flow_dir(self.ws.root):
                 yield from self._job_dirs(e.path, f"{placement}/{e.name}" if placement else e.name)
 
     # -- temporaries and journal --------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from filelock import FileLock, Timeout
 
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.protocol import requests
+from httk_flow.protocol import layout, requests
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.journal import iter_segment, segment_name
 from httk_flow.protocol.leases import read_managers
@@ -65,7 +65,7 @@ def _size(path: str) -> int:
 def collect(ws: Workspace, *, dry_run: bool, now: float | None = None) -> GcReport:
     now = time.time() if now is None else now
     report = GcReport(dry_run)
-    lock = FileLock(os.path.join(ws.flow, "fsck.lock"))
+    lock = FileLock(layout.fsck_lock(ws.root))
     try:
         with lock.acquire(timeout=0):
             _attempts(ws, report, now)
@@ -105,11 +105,11 @@ def _attempts(ws: Workspace, report: GcReport, now: float) -> None:
                 continue
             if ended > horizon:
                 continue
-            adir = os.path.join(ws.job_dir(h.placement, h.key), "attempts")
+            adir = layout.attempts_dir(ws.job_dir(h.placement, h.key))
             try:
                 names = sorted(
-                    (n for n in os.listdir(adir) if n[:1] == "a" and n[1:].isdigit()),
-                    key=lambda n: int(n[1:]),
+                    (n for n in os.listdir(adir) if layout.is_attempt_name(n)),
+                    key=layout.attempt_number,
                 )
             except OSError:
                 continue
@@ -134,9 +134,9 @@ def _segments(ws: Workspace, report: GcReport, now: float) -> None:
             continue
         segs = []
         for e in os.scandir(w.path):
-            stem = e.name.removesuffix(".jsonl")
-            if stem.isdigit():
-                segs.append((int(stem), e.path))
+            number = layout.segment_number(e.name)
+            if number is not None:
+                segs.append((number, e.path))
         for n, path in segs:
             if (w.name, n) in reachable or os.lstat(path).st_mtime > horizon:
                 report.kept_segments += 1
@@ -176,7 +176,7 @@ def _managers(ws: Workspace, report: GcReport, now: float) -> None:
     horizon = ws.policy.keep_journal_days * DAY
     for lv in read_managers(ws):
         if not lv.alive and lv.age > horizon:
-            _remove(report, "manager", os.path.join(ws.managers, lv.info.id), is_dir=True)
+            _remove(report, "manager", layout.manager_dir(ws.root, lv.info.id), is_dir=True)
 
 
 def _requests(ws: Workspace, report: GcReport, now: float) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from httk_flow.errors import UsageError
 from httk_flow.ops.lookup import view
-from httk_flow.protocol.names import attempt_name
+from httk_flow.protocol import layout
 from httk_flow.protocol.transition import JobHandle, locate_key
 from httk_flow.protocol.workspace import Workspace
 
@@ -28,7 +28,7 @@ def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
         chosen = match[0]
     n = chosen.record.n
     # derived from the number, never taken from the frame: a frame cannot point us elsewhere
-    return os.path.join(ws.job_dir(job.placement, job.key), "attempts", attempt_name(n))
+    return layout.attempt_dir(ws.job_dir(job.placement, job.key), n)
 
 
 def read_log(
@@ -41,7 +41,8 @@ def read_log(
     interval: float = 0.3,
 ) -> Iterator[bytes]:
     """Chunks of the attempt's stdout (or stderr); with follow, until the job leaves it."""
-    path = os.path.join(attempt_dir(ws, job, attempt), "stderr" if stderr else "stdout")
+    adir = attempt_dir(ws, job, attempt)
+    path = layout.stderr_file(adir) if stderr else layout.stdout_file(adir)
     if not os.path.exists(path):
         if os.path.isdir(os.path.dirname(path)):
             return  # the attempt wrote nothing there

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import signal
 
-_spec = os.environ.get("FLOW_CRASH_AT", "")
+from httk_flow.protocol.layout import ENV_CRASH_AT
+
+_spec = os.environ.get(ENV_CRASH_AT, "")
 _point, _, _nth = _spec.partition(":")
 _remaining = int(_nth) if _nth.isdigit() else 1
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 from httk_flow.errors import FlowError, InvalidJob
+from httk_flow.protocol import layout
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import Body, Failure, Frame
 from httk_flow.protocol.fsio import fs
@@ -17,7 +17,7 @@ from httk_flow.protocol.workspace import Workspace
 
 def load_spec(ws: Workspace, placement: str, key: str) -> JobSpec:
     """Parse a job's job.json; InvalidJob/UnsafePath name the file when it is bad."""
-    path = os.path.join(ws.job_dir(placement, key), "job.json")
+    path = layout.job_file(ws.job_dir(placement, key))
     try:
         raw = fs.read_bytes(path, MAX_JOB_JSON)
     except FileNotFoundError:

@@ -17,8 +17,10 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import CorruptRecord, FlowError
+from httk_flow.protocol import layout
 from httk_flow.protocol.frames import BadFrame, Frame, check_frame
 from httk_flow.protocol.fsio import fsync_dir
+from httk_flow.protocol.layout import segment_name as segment_name  # re-exported from layout
 from httk_flow.protocol.names import RecordRef, to36
 
 #: a frame as JSON: what is appended, and what the byte layer reads back
@@ -32,10 +34,6 @@ _SEGMENT_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
 _SEGMENT_TRIES = 64
 #: appends of one batch before giving up: half in the current segment, half in fresh ones
 _PLACE_TRIES = 4
-
-
-def segment_name(n: int) -> str:
-    return f"{n}.jsonl"
 
 
 class JournalWriter:
@@ -68,7 +66,7 @@ class JournalWriter:
         # a fresh id per process: two writers never share a file, so appends need no lock
         while True:
             wid = to36(secrets.randbits(50))
-            d = os.path.join(self._root, wid)
+            d = layout.writer_dir(self._root, wid)
             try:
                 os.mkdir(d)
             except FileExistsError:
@@ -243,7 +241,7 @@ class JournalReader:
         if fd is not None:
             self._fds.move_to_end(k)
             return fd
-        path = os.path.join(self._root, writer, segment_name(segment))
+        path = layout.segment_path(self._root, writer, segment)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:

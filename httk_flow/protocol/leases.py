@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import FlowError
+from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.procs import process_alive, this_process
 from httk_flow.protocol.services import ServiceClass
@@ -174,11 +175,11 @@ class Heartbeat:
 
 
 def heartbeat_path(ws: Workspace, manager_id: str) -> str:
-    return os.path.join(ws.managers, manager_id, "heartbeat.json")
+    return layout.heartbeat_file(layout.manager_dir(ws.root, manager_id))
 
 
 def write_heartbeat(ws: Workspace, info: ManagerInfo) -> None:
-    d = os.path.join(ws.managers, info.id)
+    d = layout.manager_dir(ws.root, info.id)
     ws.ensure_dir(d)
     try:
         atomic_write(heartbeat_path(ws, info.id), info.to_json(), durable=False)
@@ -191,9 +192,9 @@ def write_heartbeat(ws: Workspace, info: ManagerInfo) -> None:
 
 def mark_stopped(ws: Workspace, manager_id: str) -> None:
     """A clean exit: the manager's lease ends now rather than after its grace."""
-    d = os.path.join(ws.managers, manager_id)
+    d = layout.manager_dir(ws.root, manager_id)
     try:
-        with open(os.path.join(d, "stopped"), "wb"):
+        with open(layout.stopped_file(d), "wb"):
             pass
     except OSError:
         pass
@@ -277,14 +278,14 @@ def scan_heartbeats(ws: Workspace) -> list[Heartbeat]:
     for e in entries:
         if not e.is_dir(follow_symlinks=False):
             continue
-        path = os.path.join(e.path, "heartbeat.json")
+        path = layout.heartbeat_file(e.path)
         try:
             raw = fs.read_bytes(path, MAX_HEARTBEAT)
             st = os.stat(path)
             info = ManagerInfo.from_json(raw, path)
         except (OSError, FlowError):
             continue
-        stopped = os.path.lexists(os.path.join(e.path, "stopped"))
+        stopped = os.path.lexists(layout.stopped_file(e.path))
         fingerprint = (st.st_ino, st.st_mtime_ns, st.st_size, info.seq)
         out.append(Heartbeat(info, st.st_mtime, st.st_ctime, fingerprint, stopped))
     return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import orjson
 
 from httk_flow.errors import FlowError, UsageError
+from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.workspace import Workspace
 
@@ -37,7 +38,7 @@ class MaintenanceLock:
 
 
 def lock_path(ws: Workspace) -> str:
-    return os.path.join(ws.flow, "maintenance.json")
+    return layout.maintenance_file(ws.root)
 
 
 def read_lock(ws: Workspace) -> MaintenanceLock | None:

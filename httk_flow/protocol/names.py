@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from httk_flow.errors import InvalidName
+from httk_flow.protocol.layout import attempt_name as attempt_name  # re-exported from layout
 
 _ID = r"[0-9a-f]{32}"
 _TAG = r"[A-Za-z0-9][A-Za-z0-9_+-]{0,63}"
@@ -142,11 +143,6 @@ def check_parent_placement(placement: str) -> str:
             obj=obj,
         )
     return p
-
-
-def attempt_name(n: int) -> str:
-    """The directory name of a job's attempt number n (1-based), under attempts/."""
-    return f"a{n:04d}"
 
 
 def default_placement(job_id: str) -> str:

@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import FlowError, InvalidOutcome, UnsafePath
-from httk_flow.protocol import names
+from httk_flow.protocol import layout, names
 from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.layout import OUTCOME_DIR as OUTCOME_DIR  # re-exported from layout
 
-OUTCOME_DIR = "outcome.ready"
 MAX_OUTCOME = 1 << 20
 MAX_CHILDREN_FILE = 64 << 20
 MAX_CHILDREN = 100_000
@@ -74,12 +74,12 @@ class Outcome:
 
 def read_outcome(attempt_dir: str) -> Outcome | None:
     """The published outcome of an attempt, None if there is none; InvalidOutcome if bad."""
-    d = os.path.join(attempt_dir, OUTCOME_DIR)
+    d = layout.outcome_ready(attempt_dir)
     try:
         st = os.lstat(d)
     except FileNotFoundError:
         return None
-    where = os.path.join(d, "outcome.json")
+    where = layout.outcome_file(d)
     if not os.path.isdir(d) or os.path.islink(d):
         raise InvalidOutcome("outcome.ready is not a directory", obj=d)
     del st
@@ -89,13 +89,13 @@ def read_outcome(attempt_dir: str) -> Outcome | None:
         raise InvalidOutcome("outcome.ready has no outcome.json", obj=d) from None
     except (OSError, UnsafePath) as e:
         raise InvalidOutcome(f"cannot read it ({e})", obj=where) from None
-    dup = os.path.join(d, "duplicate")
+    dup = layout.duplicate_file(d)
     if os.path.lexists(dup):
         # the runner tried to publish a second outcome: neither can be trusted
         raise InvalidOutcome("the attempt published more than one outcome", obj=d)
     out = parse_outcome(raw, where)
     if out.action is Action.WAIT:
-        out = _with_children(out, os.path.join(d, "children.jsonl"))
+        out = _with_children(out, layout.children_file(d))
     return out
 
 

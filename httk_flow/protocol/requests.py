@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import orjson
 
 from httk_flow.errors import FlowError, UnsafePath, UsageError
-from httk_flow.protocol import names
+from httk_flow.protocol import layout, names
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
@@ -171,17 +171,17 @@ def parse_name(name: str) -> tuple[str, str, int, str] | None:
 
 
 def new_dir(ws: Workspace) -> str:
-    return os.path.join(ws.requests, "new")
+    return layout.requests_new(ws.root)
 
 
 def claimed_dir(ws: Workspace, manager: str) -> str:
     if not names.WRITER_RE.fullmatch(manager):
         raise UsageError("is not a manager id", obj=repr(manager))
-    return os.path.join(ws.requests, "claimed", manager)
+    return layout.requests_claimed(ws.root, manager)
 
 
 def done_dir(ws: Workspace) -> str:
-    return os.path.join(ws.requests, "done")
+    return layout.requests_done(ws.root)
 
 
 def make(ws: Workspace, job: JobHandle, op: str, *, priority: int | None = None) -> Request:
@@ -344,7 +344,7 @@ def views(ws: Workspace, *, done: bool = True) -> Iterator[RequestView]:
         if name.startswith("."):
             continue  # a request being written
         yield _view(os.path.join(new_dir(ws), name), name, "pending", "")
-    base = os.path.join(ws.requests, "claimed")
+    base = layout.requests_claimed(ws.root)
     for manager in _names(base):
         for name in _names(os.path.join(base, manager)):
             yield _view(os.path.join(base, manager, name), name, "claimed", manager)

@@ -7,12 +7,12 @@ The class id travels in the marker name, so a manager skips jobs it cannot serve
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 
 import orjson
 
 from httk_flow.errors import FlowError
+from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.names import to36
 from httk_flow.protocol.workspace import Workspace
@@ -54,14 +54,14 @@ class ServiceRegistry:
 
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
-        self.dir = os.path.join(ws.flow, "classes")
+        self.dir = layout.classes_dir(ws.root)
         self._cache: dict[str, ServiceClass] = {"": DEFAULT_CLASS}
 
     def publish(self, sc: ServiceClass) -> str:
         cid = sc.id
         if cid in self._cache:
             return cid
-        path = os.path.join(self.dir, f"{cid}.json")
+        path = layout.class_file(self.ws.root, cid)
         if not fs.exists(path):
             self.ws.ensure_dir(self.dir)
             data = orjson.dumps({"pool": sc.pool, "requires": sorted(set(sc.requires))})
@@ -74,7 +74,7 @@ class ServiceRegistry:
         sc = self._cache.get(cid)
         if sc is not None:
             return sc
-        path = os.path.join(self.dir, f"{cid}.json")
+        path = layout.class_file(self.ws.root, cid)
         try:
             d = orjson.loads(fs.read_bytes(path, 65536))
             pool = d.get("pool")

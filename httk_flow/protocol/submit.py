@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from httk_flow.errors import UsageError
-from httk_flow.protocol import names
+from httk_flow.protocol import layout, names
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Frame, Snapshot
 from httk_flow.protocol.fsio import fs, fsync_dir, write_file
@@ -268,9 +268,9 @@ class Submitter:
         os.mkdir(tmp)
         try:
             raw = self._raw.pop(spec.id, None) or spec.to_json()
-            write_file(os.path.join(tmp, "job.json"), raw, durable=self.ws.policy.durable)
+            write_file(layout.job_file(tmp), raw, durable=self.ws.policy.durable)
             if req.inputs:
-                copy_inputs(req.inputs, os.path.join(tmp, "files"), req.input_max)
+                copy_inputs(req.inputs, layout.files_dir(tmp), req.input_max)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

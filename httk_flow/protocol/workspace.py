@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import UnsafePath, UsageError, WorkspaceError
+from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir
 from httk_flow.protocol.journal import JournalReader, JournalWriter
 from httk_flow.protocol.names import Marker, new_id
@@ -20,7 +21,7 @@ from httk_flow.protocol.states import State
 
 FORMAT_NAME = "httk-flow"
 FORMAT_VERSION = 1
-FLOW_DIR = ".flow"
+FLOW_DIR = layout.FLOW_DIR  # the CLI takes it from here
 
 #: the shortest lease accepted: file timestamps are as coarse as 1 s on some filesystems,
 #: and a heartbeat on a loaded shared filesystem can take a good part of a second
@@ -149,13 +150,13 @@ class Workspace:
         self.root = root
         self.format = fmt
         self.policy = fmt.policy
-        self.flow = os.path.join(root, FLOW_DIR)
-        self.state_root = os.path.join(self.flow, "state")
-        self.tmp = os.path.join(self.flow, "tmp")
-        self.programs = os.path.join(self.flow, "programs")
-        self.managers = os.path.join(self.flow, "managers")
-        self.requests = os.path.join(self.flow, "requests")
-        self.journal_dir = os.path.join(self.flow, "journal")
+        self.flow = layout.flow_dir(root)
+        self.state_root = layout.state_root(root)
+        self.tmp = layout.tmp_dir(root)
+        self.programs = layout.programs_dir(root)
+        self.managers = layout.managers_dir(root)
+        self.requests = layout.requests_dir(root)
+        self.journal_dir = layout.journal_dir(root)
         self.host = socket.gethostname()
         self._writer: JournalWriter | None = None
         self._reader: JournalReader | None = None
@@ -176,8 +177,8 @@ class Workspace:
         if lease is not None:
             check_lease(float(lease))
         root = os.path.abspath(path)
-        flow = os.path.join(root, FLOW_DIR)
-        if os.path.exists(os.path.join(flow, "format.json")):
+        flow = layout.flow_dir(root)
+        if os.path.exists(layout.format_file(root)):
             if not exist_ok:
                 raise UsageError(
                     "is already a workspace", obj=root, hint="pass --exist-ok to accept that"
@@ -186,18 +187,18 @@ class Workspace:
         policy = Policy(durable=durable, lease=float(lease) if lease is not None else Policy.lease)
         fmt = WorkspaceFormat(workspace_id=new_id(), created=time.time(), policy=policy)
         os.makedirs(flow, exist_ok=True)
-        for sub in ("tmp", "programs", "managers", "requests", "journal", "allocations"):
-            os.makedirs(os.path.join(flow, sub), exist_ok=True)
+        for sub in layout.init_dirs(root):
+            os.makedirs(sub, exist_ok=True)
         for st in State:
-            os.makedirs(os.path.join(flow, "state", st.value), exist_ok=True)
-        atomic_write(os.path.join(flow, "format.json"), fmt.to_json(), durable=True)
+            os.makedirs(layout.state_dir(root, st.value), exist_ok=True)
+        atomic_write(layout.format_file(root), fmt.to_json(), durable=True)
         fsync_dir(root)
         return cls(root, fmt)
 
     @classmethod
     def open(cls, path: str) -> Workspace:
         root = os.path.abspath(path)
-        where = os.path.join(root, FLOW_DIR, "format.json")
+        where = layout.format_file(root)
         try:
             raw = fs.read_bytes(where, 1 << 20)
         except FileNotFoundError:
@@ -213,12 +214,12 @@ class Workspace:
     @classmethod
     def find(cls, explicit: str | None = None, start: str | None = None) -> Workspace:
         """-w PATH, else $FLOW_WORKSPACE, else the nearest ancestor holding .flow/."""
-        chosen = explicit or os.environ.get("FLOW_WORKSPACE")
+        chosen = explicit or os.environ.get(layout.ENV_WORKSPACE)
         if chosen:
             return cls.open(chosen)
         here = Path(start or os.getcwd()).resolve()
         for d in (here, *here.parents):
-            if (d / FLOW_DIR / "format.json").is_file():
+            if Path(layout.format_file(str(d))).is_file():
                 return cls.open(str(d))
         raise WorkspaceError(
             f"no workspace found in {here} or any parent directory",
@@ -228,18 +229,17 @@ class Workspace:
     # -- layout ------------------------------------------------------------------
 
     def state_dir(self, state: State, placement: str = "") -> str:
-        base = os.path.join(self.state_root, state.value)
-        return os.path.join(base, placement) if placement else base
+        return layout.state_dir(self.root, state.value, placement)
 
     def marker_path(self, state: State, placement: str, marker: Marker) -> str:
-        # hot (twice per transition): placements are validated relative paths, never empty
-        return f"{self.state_root}/{state.value}/{placement}/{marker.name}"
+        # hot (twice per transition): from the state root computed once
+        return layout.state_marker(self.state_root, state.value, placement, marker.name)
 
     def job_dir(self, placement: str, key: str) -> str:
-        return os.path.join(self.root, placement, key)
+        return layout.job_dir(self.root, placement, key)
 
     def program_path(self, digest: str) -> str:
-        return os.path.join(self.programs, digest)
+        return layout.program_path(self.root, digest)
 
     def ensure_dir(self, path: str) -> None:
         """mkdir -p, remembered so hot paths pay for it once per directory per process."""

@@ -32,9 +32,9 @@ from typing import Any, TypeVar, overload
 import orjson
 
 from httk_flow.errors import FlowError
-from httk_flow.protocol import names
+from httk_flow.protocol import layout, names
 from httk_flow.protocol.fsio import fsync_dir
-from httk_flow.protocol.outcome import OUTCOME_DIR, Action, JoinMode
+from httk_flow.protocol.outcome import Action, JoinMode
 from httk_flow.protocol.states import State
 from httk_flow.runner.context import (
     Attempt,
@@ -175,7 +175,8 @@ class Runner:
         typed = self._job_params()
         if typed is not None:
             return dict(typed)
-        return {k[11:]: v for k, v in self._env.items() if k.startswith("FLOW_PARAM_")}
+        prefix = layout.ENV_PARAM_PREFIX
+        return {k[len(prefix) :]: v for k, v in self._env.items() if k.startswith(prefix)}
 
     @overload
     def param(self, key: str) -> ParamValue: ...
@@ -187,7 +188,7 @@ class Runner:
         Outside a job directory (no readable job.json) the FLOW_PARAM_* strings are used."""
         names.check_ident(key, "parameter name")
         typed = self._job_params()
-        env_value = self._env.get(f"FLOW_PARAM_{key}")
+        env_value = self._env.get(layout.env_param(key))
         value: ParamValue | None = typed.get(key) if typed is not None else env_value
         if value is not None:
             return value
@@ -199,13 +200,13 @@ class Runner:
         """The params of job.json, read once (a job's definition is immutable); None when
         there is no readable job.json."""
         if not self._params_read:
-            self._typed_params = read_job_params(self._env.get("FLOW_JOB_DIR"))
+            self._typed_params = read_job_params(self._env.get(layout.ENV_JOB_DIR))
             self._params_read = True
         return self._typed_params
 
     def children(self) -> list[Child]:
         """After a join: every child of it, in the order they were spawned."""
-        path = os.path.join(self.attempt_info.control_dir, "children")
+        path = layout.children_list(self.attempt_info.control_dir)
         try:
             with open(path, encoding="utf-8") as fh:
                 lines = fh.read().splitlines()
@@ -302,7 +303,7 @@ class Runner:
     def has_outcome(self) -> bool:
         """Whether this attempt already published its outcome."""
         return self._published or os.path.lexists(
-            os.path.join(self.attempt_info.control_dir, OUTCOME_DIR)
+            layout.outcome_ready(self.attempt_info.control_dir)
         )
 
     # -- internals -------------------------------------------------------------------
@@ -378,9 +379,9 @@ class Runner:
         self._publish(doc)
 
     def _flag_duplicate(self, action: str) -> None:
-        ready = os.path.join(self.attempt_info.control_dir, OUTCOME_DIR)
+        ready = layout.outcome_ready(self.attempt_info.control_dir)
         try:
-            with open(os.path.join(ready, "duplicate"), "ab") as fh:
+            with open(layout.duplicate_file(ready), "ab") as fh:
                 fh.write(action.encode() + b"\n")
         except OSError:
             pass
@@ -391,11 +392,11 @@ class Runner:
 
     def _publish(self, doc: dict[str, Any]) -> None:
         info = self.attempt_info
-        files = {"outcome.json": orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)}
+        files = {layout.OUTCOME_FILE: orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)}
         if doc["action"] == Action.WAIT.value:
-            files["children.jsonl"] = b"".join(c + b"\n" for c in self._children)
-        tmp = os.path.join(info.control_dir, f"outcome.tmp.{os.getpid()}.{secrets.token_hex(4)}")
-        ready = os.path.join(info.control_dir, OUTCOME_DIR)
+            files[layout.CHILDREN_FILE] = b"".join(c + b"\n" for c in self._children)
+        tmp = layout.outcome_tmp(info.control_dir, f"{os.getpid()}.{secrets.token_hex(4)}")
+        ready = layout.outcome_ready(info.control_dir)
         try:
             os.mkdir(tmp)
             for name, data in files.items():

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import FlowError
+from httk_flow.protocol import layout
 from httk_flow.protocol.states import State
 
 ParamValue = str | int | float | bool
@@ -58,14 +59,14 @@ class Attempt:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Attempt:
-        control = env.get("FLOW_CONTROL_DIR")
+        control = env.get(layout.ENV_CONTROL_DIR)
         if not control:
             raise RunnerError(
-                "FLOW_CONTROL_DIR is not set",
+                f"{layout.ENV_CONTROL_DIR} is not set",
                 hint="run this program through flow (flow submit, then flow run)",
             )
         ctx: dict[str, Any] = {}
-        path = env.get("FLOW_CONTEXT") or os.path.join(control, "context.json")
+        path = env.get(layout.ENV_CONTEXT) or layout.context_file(control)
         try:
             with open(path, "rb") as fh:
                 loaded = orjson.loads(fh.read())
@@ -74,21 +75,21 @@ class Attempt:
         except (OSError, orjson.JSONDecodeError):
             pass  # the environment carries everything essential
         prev = ctx.get("previous_end")
-        index = env.get("FLOW_ARRAY_INDEX")
+        index = env.get(layout.ENV_ARRAY_INDEX)
         return cls(
             control_dir=control,
-            step=env.get("FLOW_STEP", "main"),
-            job_id=env.get("FLOW_JOB_ID", ""),
-            job_dir=env.get("FLOW_JOB_DIR", ""),
-            workdir=env.get("FLOW_WORKDIR", os.getcwd()),
-            attempt_id=env.get("FLOW_ATTEMPT_ID", ""),
-            attempt=int(ctx.get("attempt", env.get("FLOW_ATTEMPT", "1"))),
-            is_restart=bool(ctx.get("is_restart", env.get("FLOW_IS_RESTART") == "1")),
+            step=env.get(layout.ENV_STEP, "main"),
+            job_id=env.get(layout.ENV_JOB_ID, ""),
+            job_dir=env.get(layout.ENV_JOB_DIR, ""),
+            workdir=env.get(layout.ENV_WORKDIR, os.getcwd()),
+            attempt_id=env.get(layout.ENV_ATTEMPT_ID, ""),
+            attempt=int(ctx.get("attempt", env.get(layout.ENV_ATTEMPT, "1"))),
+            is_restart=bool(ctx.get("is_restart", env.get(layout.ENV_IS_RESTART) == "1")),
             unclean_restart=bool(
-                ctx.get("unclean_restart", env.get("FLOW_UNCLEAN_RESTART") == "1")
+                ctx.get("unclean_restart", env.get(layout.ENV_UNCLEAN_RESTART) == "1")
             ),
             previous_end=prev if isinstance(prev, str) else None,
-            durable=env.get("FLOW_DURABLE") == "1",
+            durable=env.get(layout.ENV_DURABLE) == "1",
             array_index=int(index) if index else None,
         )
 
@@ -98,7 +99,7 @@ def read_job_params(job_dir: str | None) -> dict[str, ParamValue] | None:
     if not job_dir:
         return None
     try:
-        with open(os.path.join(job_dir, "job.json"), "rb") as fh:
+        with open(layout.job_file(job_dir), "rb") as fh:
             data = orjson.loads(fh.read())
     except (OSError, orjson.JSONDecodeError):
         return None

@@ -11,11 +11,12 @@ from dataclasses import asdict, dataclass
 import orjson
 
 from httk_flow.errors import FlowError
+from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.workspace import Workspace
 
 #: when the queue was last unpaused: failures before it do not count again
-UNPAUSED = "unpaused.json"
+UNPAUSED = layout.ALLOC_UNPAUSED
 
 
 class AllocPhase(enum.Enum):
@@ -81,10 +82,12 @@ class AllocationStore:
 
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
-        self.dir = os.path.join(ws.flow, "allocations")
+        self.dir = layout.allocations_dir(ws.root)
+        self._paused = layout.allocations_paused(ws.root)
+        self._unpaused = layout.allocations_unpaused(ws.root)
 
     def path(self, token: str) -> str:
-        return os.path.join(self.dir, f"{token}.json")
+        return layout.allocation_file(self.ws.root, token)
 
     def save(self, rec: AllocationRecord) -> None:
         os.makedirs(self.dir, exist_ok=True)
@@ -99,7 +102,7 @@ class AllocationStore:
         for e in entries:
             if not e.name.endswith(".json") or not e.is_file(follow_symlinks=False):
                 continue
-            if e.name in ("paused.json", UNPAUSED):
+            if e.name in (layout.ALLOC_PAUSED, UNPAUSED):
                 continue
             try:
                 out.append(AllocationRecord.from_json(fs.read_bytes(e.path, 65536), e.path))
@@ -110,11 +113,7 @@ class AllocationStore:
 
     def paused(self) -> str | None:
         try:
-            return str(
-                orjson.loads(fs.read_bytes(os.path.join(self.dir, "paused.json"), 65536)).get(
-                    "reason", "paused"
-                )
-            )
+            return str(orjson.loads(fs.read_bytes(self._paused, 65536)).get("reason", "paused"))
         except FileNotFoundError:
             return None
         except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
@@ -123,7 +122,7 @@ class AllocationStore:
     def pause(self, reason: str) -> None:
         os.makedirs(self.dir, exist_ok=True)
         atomic_write(
-            os.path.join(self.dir, "paused.json"),
+            self._paused,
             orjson.dumps({"reason": reason, "since": time.time()}),
             durable=True,
         )
@@ -131,11 +130,9 @@ class AllocationStore:
     def unpause(self) -> bool:
         # failures before this moment no longer count towards a new pause
         os.makedirs(self.dir, exist_ok=True)
-        atomic_write(
-            os.path.join(self.dir, UNPAUSED), orjson.dumps({"since": time.time()}), durable=True
-        )
+        atomic_write(self._unpaused, orjson.dumps({"since": time.time()}), durable=True)
         try:
-            os.unlink(os.path.join(self.dir, "paused.json"))
+            os.unlink(self._paused)
             return True
         except FileNotFoundError:
             return False
@@ -143,9 +140,7 @@ class AllocationStore:
     def unpaused_at(self) -> float:
         """When the queue was last unpaused (0 if never)."""
         try:
-            return float(
-                orjson.loads(fs.read_bytes(os.path.join(self.dir, UNPAUSED), 4096))["since"]
-            )
+            return float(orjson.loads(fs.read_bytes(self._unpaused, 4096))["since"])
         except (OSError, FlowError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return 0.0  # never unpaused (or unreadable): every failure counts
 
@@ -154,7 +149,7 @@ class ReconcilerLease:
     """Only one reconciler acts on a workspace: a lease file renewed every tick."""
 
     def __init__(self, ws: Workspace, owner: str, ttl: float) -> None:
-        self.path = os.path.join(ws.flow, "allocations", "reconciler.lease")
+        self.path = layout.reconciler_lease(ws.root)
         self.owner = owner
         self.ttl = ttl
 

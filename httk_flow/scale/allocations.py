@@ -9,7 +9,6 @@ backend for the token, never by submitting blindly again.
 from __future__ import annotations
 
 import math
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from httk_flow.errors import UsageError
 from httk_flow.ops.status import workspace_status
+from httk_flow.protocol import layout
 from httk_flow.protocol.leases import read_managers
 from httk_flow.protocol.names import to36
 from httk_flow.protocol.states import State
@@ -45,8 +45,6 @@ __all__ = [
     "TickReport",
 ]
 
-#: the environment variable through which a manager learns its allocation's token
-TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"
 #: failures in a row (allocations that never ran) before the queue is paused
 PAUSE_AFTER = 3
 
@@ -159,7 +157,7 @@ class Reconciler:
             s.time,
             s.drain,
             s.extra_args,
-            os.path.join(self.ws.flow, "allocations", "logs"),
+            layout.allocation_logs(self.ws.root),
         )
 
     def _submit(self, rec: AllocationRecord, report: TickReport) -> AllocationRecord:

@@ -14,6 +14,7 @@ import time
 
 import orjson
 
+from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write
 from httk_flow.protocol.procs import proc_start_time, process_alive
 from httk_flow.scale.backends.base import (
@@ -25,13 +26,9 @@ from httk_flow.scale.backends.base import (
     SubmitResult,
 )
 
-#: the allocation's end, exported to the manager it runs (unix seconds)
-END_ENV = "FLOW_ALLOCATION_END"
-TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"  # read by the manager for its heartbeat
-
 
 def _dir(workspace: str) -> str:
-    return os.path.join(workspace, ".flow", "allocations", "local")
+    return layout.local_allocations(workspace)
 
 
 class LocalBackend:
@@ -40,15 +37,16 @@ class LocalBackend:
     def submit(self, request: AllocationRequest) -> SubmitResult:
         d = _dir(request.workspace)
         os.makedirs(d, exist_ok=True)
-        path = os.path.join(d, f"{request.token}.json")
+        path = layout.local_allocation_file(request.workspace, request.token)
         if os.path.exists(path):
             handle = self._handle(path)
             return SubmitResult(Outcome.EXISTING, handle)
         env = dict(os.environ)
-        env[TOKEN_ENV] = request.token
+        env[layout.ENV_ALLOCATION_TOKEN] = request.token  # the manager names it in its heartbeat
         if request.time:
             # the manager stops claiming and drains so that all ends by the walltime
-            env[END_ENV] = str(time.time() + max(0.0, request.time - request.drain))
+            end = time.time() + max(0.0, request.time - request.drain)
+            env[layout.ENV_ALLOCATION_END] = str(end)
         log_dir = request.log_dir or d
         os.makedirs(log_dir, exist_ok=True)
         cmd = [
@@ -105,7 +103,7 @@ class LocalBackend:
         return out
 
     def find_by_token(self, workspace: str, token: str) -> str | None:
-        path = os.path.join(_dir(workspace), f"{token}.json")
+        path = layout.local_allocation_file(workspace, token)
         if not os.path.exists(path):
             return None
         handle = self._handle(path)
@@ -125,7 +123,7 @@ class LocalBackend:
         return {"backend": self.name, "python": sys.executable}
 
     def allocation_end(self) -> float | None:
-        value = os.environ.get(END_ENV)
+        value = os.environ.get(layout.ENV_ALLOCATION_END)
         try:
             return float(value) if value else None
         except ValueError:

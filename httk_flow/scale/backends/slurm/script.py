@@ -12,12 +12,9 @@ import os
 import shlex
 import sys
 
+from httk_flow.protocol import layout
 from httk_flow.scale.backends.base import AllocationRequest
 
-#: the environment variable through which the manager learns its allocation's token
-TOKEN_ENV = "FLOW_ALLOCATION_TOKEN"
-#: an end time another launcher may have exported; Slurm itself is asked instead
-END_ENV = "FLOW_ALLOCATION_END"
 #: Slurm's limit for the `--signal` offset
 MAX_SIGNAL_OFFSET = 65535
 
@@ -27,7 +24,7 @@ def job_name(token: str) -> str:
 
 
 def default_log_dir(workspace: str) -> str:
-    return os.path.join(workspace, ".flow", "allocations", "logs")
+    return layout.allocation_logs(workspace)
 
 
 def time_minutes(seconds: float) -> int:
@@ -91,8 +88,9 @@ def batch_script(request: AllocationRequest, python: str | None = None) -> str:
     return (
         "#!/bin/bash\n"
         f"# httk_flow manager allocation {request.token} for {request.workspace}\n"
-        f"export {TOKEN_ENV}={shlex.quote(request.token)}\n"
-        f"unset {END_ENV}\n"
+        f"export {layout.ENV_ALLOCATION_TOKEN}={shlex.quote(request.token)}\n"
+        # an end time another launcher may have exported: Slurm itself is asked instead
+        f"unset {layout.ENV_ALLOCATION_END}\n"
         "# exec: the manager is the batch shell, so the drain signal reaches it\n"
         f"exec {' '.join(shlex.quote(a) for a in serve)} {workers} {args}\n".rstrip()
         + "\n"
