@@ -42,6 +42,8 @@ def test_cancelling_a_running_job_stops_its_whole_process_group(
     [running] = [f for f in flow.history("sleepy") if f["to"] == "running"]
     pgid = running["attempt"]["pgid"]
     pids = {int((run / f).read_text()) for f in ("main.pid", "child.pid")}
+    # "started" is written before the foreground sleep begins: wait for all three
+    wait_for(lambda: len(live_processes(pgid=pgid)) == 3, 10)
     group = set(live_processes(pgid=pgid))
     assert pids < group and len(group) == 3, "sh, its background and its foreground sleep"
 
