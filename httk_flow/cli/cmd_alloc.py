@@ -111,9 +111,7 @@ def register(cli: click.Group) -> None:
 
         def show(r: TickReport) -> None:
             if as_json:
-                import orjson
-
-                click.echo(orjson.dumps(r.__dict__).decode())
+                app.json_line(r.__dict__)
                 return
             parts = [f"desired {r.desired}", f"active {r.active}"]
             for label, items in (

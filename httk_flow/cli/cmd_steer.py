@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import click
@@ -47,7 +46,7 @@ def _apply(
             r = fn(ws, h)
         except FlowError as e:
             codes.add(e.exit_code)
-            click.echo(f"flow: error: {e.render()}", err=True)
+            app.error(e)
             continue
         note = f" ({r.note})" if r.note else ""
         app.echo(f"{r.key}: {r.before.value} -> {r.after.value}{note}")
@@ -228,5 +227,4 @@ def register(cli: click.Group) -> None:
         for chunk in read_log(
             ws, lookup.find(ws, ident), stderr=stderr, attempt=attempt, follow=follow
         ):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+            app.write(chunk)

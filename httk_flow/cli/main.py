@@ -76,12 +76,13 @@ def cli(ctx: click.Context) -> None:
 
 def main() -> None:
     # standalone_mode=False: click would otherwise swallow a BrokenPipeError raised by a bug
+    app = App()
     try:
-        code = cli.main(obj=App(), prog_name="flow", standalone_mode=False)
+        code = cli.main(obj=app, prog_name="flow", standalone_mode=False)
     except click.ClickException as e:
         e.show()
         raise SystemExit(e.exit_code) from None
     except click.Abort:
-        click.echo("flow: aborted", err=True)
+        app.echo("flow: aborted", err=True)
         raise SystemExit(1) from None
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -25,19 +25,17 @@ class FlowGroup(click.Group):
         try:
             return super().invoke(ctx)
         except FlowError as e:
-            click.echo(f"flow: error: {e.render()}", err=True)
-            ctx.exit(e.exit_code)
+            ctx.ensure_object(App).fail(e)
         except OSError as e:
             # the machine refusing (full disk, quota, read-only) is not a bug: say so plainly
             if e.errno not in _ENVIRONMENT_ERRNOS:
                 raise
-            where = f"{e.filename}: " if e.filename else ""
-            click.echo(
-                f"flow: error: {where}{e.strerror}; free space or fix permissions "
-                "in the workspace and run the command again",
-                err=True,
+            refused = FlowError(
+                f"{e.strerror}",
+                obj=str(e.filename) if e.filename else None,
+                hint="free space or fix permissions in the workspace and run the command again",
             )
-            ctx.exit(1)
+            ctx.ensure_object(App).fail(refused)
 
 
 def _set_workspace(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
