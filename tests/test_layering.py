@@ -147,14 +147,25 @@ def test_no_scheduler_is_named_outside_its_backend_package() -> None:
     assert offenders == []
 
 
-def test_the_lazy_cli_knows_which_module_holds_each_core_command() -> None:
-    """cli/main loads one command module per command by its table; a stale entry would
-    still work (everything is loaded as a fallback) but lose the speed, so keep it true."""
+def test_the_lazy_table_is_the_one_registry_of_the_core_commands() -> None:
+    """cli/main finds each command through its name -> "module:attr" table: every entry is
+    a click command of that name, and every command a cli module defines is in the table
+    (a command missing from it would be unreachable)."""
+    import importlib
+
     import click
 
     from httk_flow.cli import main
 
-    for mod, commands in main._MODULES.items():
-        group = click.Group()
-        __import__(f"httk_flow.cli.{mod}", fromlist=["register"]).register(group)
-        assert sorted(group.commands) == sorted(commands), mod
+    for name, where in main.COMMANDS.items():
+        mod, attr = where.split(":")
+        command = getattr(importlib.import_module(f"httk_flow.cli.{mod}"), attr)
+        assert isinstance(command, click.Command) and command.name == name, where
+    defined = {
+        f"{p.stem}:{attr}"
+        for p in modules("cli")
+        for attr, value in vars(importlib.import_module(f"httk_flow.cli.{p.stem}")).items()
+        if isinstance(value, click.Command)
+        and getattr(value.callback, "__module__", None) == f"httk_flow.cli.{p.stem}"
+    }
+    assert defined - {"main:cli"} == set(main.COMMANDS.values())

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from httk_flow.cli.app import App
+from httk_flow.cli.options import workspace_option
 from httk_flow.errors import UsageError
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
@@ -22,8 +23,6 @@ ALLOCATION_END_ENV = "FLOW_ALLOCATION_END"
 
 
 def _options(f: Any) -> Any:
-    from httk_flow.cli.options import workspace_option
-
     for opt in reversed(
         [
             click.option(
@@ -111,37 +110,37 @@ def _config(
     )
 
 
-def register(cli: click.Group) -> None:
-    @cli.command("serve")
-    @click.option(
-        "--exit-when-idle",
-        "idle",
-        default=None,
-        is_flag=False,
-        flag_value="0",
-        metavar="[SECONDS]",
-        help="Exit once nothing is actionable (for this long).",
-    )
-    @_options
-    @click.pass_obj
-    def serve(app: App, /, idle: str | None, **kw: Any) -> None:
-        """Run a manager until stopped: the first SIGTERM/SIGINT drains, a second exits."""
-        idle_s = parse_duration(idle, "--exit-when-idle") if idle is not None else None
-        cfg = _config(idle_s, **kw)
-        raise SystemExit(Manager(app.ws, cfg).run())
+@click.command("serve")
+@click.option(
+    "--exit-when-idle",
+    "idle",
+    default=None,
+    is_flag=False,
+    flag_value="0",
+    metavar="[SECONDS]",
+    help="Exit once nothing is actionable (for this long).",
+)
+@_options
+@click.pass_obj
+def serve(app: App, /, idle: str | None, **kw: Any) -> None:
+    """Run a manager until stopped: the first SIGTERM/SIGINT drains, a second exits."""
+    idle_s = parse_duration(idle, "--exit-when-idle") if idle is not None else None
+    cfg = _config(idle_s, **kw)
+    raise SystemExit(Manager(app.ws, cfg).run())
 
-    @cli.command("run")
-    @click.option(
-        "--exit-when-idle",
-        "--idle",
-        "idle",
-        default="0",
-        show_default=True,
-        help="Seconds of idleness before exiting.",
-    )
-    @_options
-    @click.pass_obj
-    def run(app: App, /, idle: str, **kw: Any) -> None:
-        """`flow serve --exit-when-idle`: exit 0 when done, 1 if any job it ran failed."""
-        cfg = _config(parse_duration(idle, "--exit-when-idle"), **kw)
-        raise SystemExit(Manager(app.ws, cfg).run())
+
+@click.command("run")
+@click.option(
+    "--exit-when-idle",
+    "--idle",
+    "idle",
+    default="0",
+    show_default=True,
+    help="Seconds of idleness before exiting.",
+)
+@_options
+@click.pass_obj
+def run(app: App, /, idle: str, **kw: Any) -> None:
+    """`flow serve --exit-when-idle`: exit 0 when done, 1 if any job it ran failed."""
+    cfg = _config(parse_duration(idle, "--exit-when-idle"), **kw)
+    raise SystemExit(Manager(app.ws, cfg).run())
