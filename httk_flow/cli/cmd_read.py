@@ -1,4 +1,4 @@
-"""`flow list`, `flow show`, `flow history`, `flow status`, `flow managers`."""
+"""`flow list`, `flow show`, `flow history`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import click
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
 from httk_flow.ops import lookup
-from httk_flow.ops.status import GroupBy, StatusReport, Throughput, workspace_status
 from httk_flow.protocol import jobs
-from httk_flow.protocol.durations import format_duration, parse_duration
 from httk_flow.protocol.states import State
 
 STATE_NAMES = [s.value for s in State]
@@ -177,119 +175,3 @@ def history(app: App, /, job: str, as_json: bool) -> None:
             for f in frames
         ],
     )
-
-
-@click.command("status")
-@click.option(
-    "--by",
-    type=click.Choice(["state", "placement", "step", "tag"]),
-    default="state",
-    show_default=True,
-)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
-@click.option(
-    "--watch",
-    "watch",
-    default=None,
-    is_flag=False,
-    flag_value="2",
-    metavar="[SECONDS]",
-    help="Refresh a live view every SECONDS (default 2).",
-)
-@workspace_option
-@click.pass_obj
-def status(app: App, /, by: GroupBy, as_json: bool, watch: str | None) -> None:
-    """Counts per state, live managers and blocked reasons."""
-    if watch is not None:
-        _watch(app, by, parse_duration(watch, "--watch"))
-        return
-    r = workspace_status(app.ws, by=by)
-    if as_json:
-        doc: dict[str, Any] = {
-            "workspace": r.workspace,
-            "total": r.total,
-            "counts": {s.value: n for s, n in r.counts.items()},
-            "managers": [
-                {
-                    "id": m.info.id,
-                    "host": m.info.host,
-                    "pid": m.info.pid,
-                    "alive": m.alive,
-                    "heartbeat_age": round(m.age, 2),
-                }
-                for m in r.managers
-                if m.alive or not m.stopped
-            ],
-            "blocked": [{"reason": why, "count": n} for why, n in r.blocked],
-            "requests_pending": r.requests_pending,
-        }
-        if by != "state":
-            doc["groups"] = {
-                g: {s.value: c[s] for s in State if c[s]} for g, c in sorted(r.groups.items())
-            }
-        app.json(doc)
-        return
-    app.echo(f"workspace {r.workspace}: {r.total} jobs")
-    app.table(
-        ["STATE", "JOBS"],
-        [
-            [s.value, n]
-            for s, n in r.counts.items()
-            if n or s in (State.READY, State.RUNNING, State.SUCCEEDED, State.FAILED)
-        ],
-    )
-    if by != "state":
-        shown = [s for s in State if any(c[s] for c in r.groups.values())]
-        app.table(
-            [by.upper(), *[s.value.upper() for s in shown]],
-            [[g, *[c[s] for s in shown]] for g, c in sorted(r.groups.items())],
-        )
-    live = r.live_managers
-    stale = [m for m in r.managers if not m.alive and not m.stopped]
-    app.echo(f"managers: {len(live)} live" + (f", {len(stale)} stale" if stale else ""))
-    for m in live:
-        app.echo(
-            f"  {m.info.id} on {m.info.host} pid {m.info.pid}, "
-            f"{m.info.running}/{m.info.workers} running, "
-            f"heartbeat {format_duration(m.age)} ago"
-        )
-    for why, n in r.blocked:
-        app.echo(f"blocked: {n} job{'s' * (n != 1)}: {why}")
-    if r.requests_pending:
-        app.echo(f"requests: {r.requests_pending} pending (see `flow requests`)")
-
-
-def _watch(app: App, by: GroupBy, every: float) -> None:
-    """A live view: counts, managers, throughput and ETA, until Ctrl-C."""
-    import time
-
-    from rich.live import Live
-    from rich.table import Table
-
-    tp = Throughput()
-
-    def render(r: StatusReport) -> Table:
-        eta = tp.eta(r)
-        t = Table(
-            title=f"{r.workspace}: {r.total} jobs, {len(r.live_managers)} live managers, "
-            f"{tp.rate:.1f} jobs/s" + (f", ETA {format_duration(eta)}" if eta else ""),
-            title_justify="left",
-        )
-        t.add_column("state")
-        t.add_column("jobs", justify="right")
-        for s in State:
-            if r.counts[s]:
-                t.add_row(s.value, str(r.counts[s]))
-        for why, n in r.blocked:
-            t.add_row(f"blocked: {why}", str(n))
-        return t
-
-    try:
-        with Live(console=app.console(), auto_refresh=False) as live:
-            while True:
-                r = workspace_status(app.ws, by=by)
-                tp.add(r, time.monotonic())
-                live.update(render(r), refresh=True)
-                time.sleep(every)
-    except KeyboardInterrupt:
-        pass

@@ -33,7 +33,7 @@ COMMANDS = {
     "scale": "cmd_alloc:scale",
     "serve": "cmd_serve:serve",
     "show": "cmd_read:show",
-    "status": "cmd_read:status",
+    "status": "cmd_status:status",
     "submit": "cmd_submit:submit",
     "unlock": "cmd_ops:unlock",
     "wait": "cmd_steer:wait",
