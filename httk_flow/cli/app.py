@@ -7,9 +7,11 @@ table renderers, and the one error renderer (`flow: error: ...`).
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import click
@@ -17,6 +19,11 @@ import orjson
 
 from httk_flow.errors import FlowError
 from httk_flow.protocol.workspace import Workspace
+
+#: the machine refusing (full disk, quota, read-only, permissions): not a bug
+_ENVIRONMENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+)
 
 
 class App:
@@ -111,6 +118,25 @@ class App:
         """Print the error and exit with its status (2 bad input, 1 a failed operation)."""
         self.error(err)
         raise SystemExit(err.exit_code)
+
+    @contextmanager
+    def reporting_errors(self) -> Iterator[None]:
+        """The error handler of every command: a FlowError becomes `flow: error: ...` and
+        its exit status, and so does the machine refusing; anything else is a bug and
+        keeps its traceback."""
+        try:
+            yield
+        except FlowError as e:
+            self.fail(e)
+        except OSError as e:
+            if e.errno not in _ENVIRONMENT_ERRNOS:
+                raise
+            refused = FlowError(
+                f"{e.strerror}",
+                obj=str(e.filename) if e.filename else None,
+                hint="free space or fix permissions in the workspace and run the command again",
+            )
+            self.fail(refused)
 
 
 def _plain_table(
