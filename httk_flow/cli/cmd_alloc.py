@@ -1,5 +1,5 @@
-"""`flow scale` and `flow allocations` (backend commands such as submitting a single
-allocation are contributed by the backends themselves)."""
+"""`flow scale`, `flow allocations`, and the commands backends describe (submitting a
+single allocation by hand), built here from their descriptions."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import click
 
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
+from httk_flow.errors import UsageError
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.scale import backends
 from httk_flow.scale.allocation_records import AllocationStore
 from httk_flow.scale.allocations import Reconciler, ScaleSettings, TickReport
+from httk_flow.scale.backends.base import BackendCommand
 
 
 def _when(t: float) -> str:
@@ -168,3 +170,71 @@ def allocations(app: App, /, all_: bool, as_json: bool) -> None:
         ["TOKEN", "BACKEND", "PHASE", "HANDLE", "SINCE", "REASON"],
         [[r.token, r.backend, r.phase.value, r.handle, _when(r.updated), r.reason] for r in recs],
     )
+
+
+def backend_command(spec: BackendCommand) -> click.Command:
+    """The click command of a backend's description: one allocation submitted by hand."""
+
+    @click.command(spec.name, help=spec.help, context_settings={"allow_interspersed_args": False})
+    @click.option(spec.arg_flag, "extra_args", multiple=True, metavar="ARG", help=spec.arg_help)
+    @click.option("--time", "time_", default=None, help="Walltime of the allocation, e.g. 4h.")
+    @click.option(
+        "--drain",
+        default="2m",
+        show_default=True,
+        help="How long before the walltime the manager is told to drain.",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+    @workspace_option
+    @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SERVE_OPTIONS]")
+    @click.pass_obj
+    def submit_one(
+        app: App,
+        /,
+        extra_args: tuple[str, ...],
+        time_: str | None,
+        drain: str,
+        as_json: bool,
+        serve_args: tuple[str, ...],
+    ) -> None:
+        ws = app.ws
+        _check_serve_args(serve_args)
+        done = spec.submit(
+            ws.root,
+            serve_args=serve_args,
+            time=parse_duration(time_, "--time") if time_ else None,
+            drain=parse_duration(drain, "--drain"),
+            extra_args=extra_args,
+        )
+        if as_json:
+            app.json(
+                {
+                    "job_id": done.handle,
+                    "token": done.token,
+                    "workspace": done.workspace,
+                    "log": done.log,
+                }
+            )
+        else:
+            app.echo(done.handle)
+
+    return submit_one
+
+
+def _check_serve_args(args: tuple[str, ...]) -> None:
+    """Parse SERVE_OPTIONS as `flow serve` would, so a typo fails here and not in the job."""
+    if "-w" in args or any(a == "--workspace" or a.startswith("--workspace=") for a in args):
+        raise UsageError("may not name a workspace; pass -w before --", obj="SERVE_OPTIONS")
+    if "-h" in args or "--help" in args:
+        raise UsageError("may not ask for help; run `flow serve --help`", obj="SERVE_OPTIONS")
+    ctx = click.get_current_context()
+    root = ctx.find_root().command
+    serve = root.get_command(ctx, "serve") if isinstance(root, click.Group) else None
+    if serve is None:
+        return
+    try:
+        serve.make_context("flow serve", list(args), obj=App())
+    except click.ClickException as e:
+        raise UsageError(
+            f"are not options of `flow serve`: {e.format_message()}", obj="SERVE_OPTIONS"
+        ) from None

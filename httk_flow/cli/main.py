@@ -49,18 +49,14 @@ def load(name: str) -> click.Command:
 
 
 class LazyGroup(FlowGroup):
-    """Imports a command's module the first time the command is asked for."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._backend: dict[str, click.Command] | None = None
+    """Imports a command's module the first time the command is asked for; builds the
+    commands backends describe when one of them (or the list) is asked for."""
 
     def _backend_commands(self) -> dict[str, click.Command]:
-        if self._backend is None:
-            from httk_flow.scale.backends import commands
+        from httk_flow.cli.cmd_alloc import backend_command
+        from httk_flow.scale.backends import commands
 
-            self._backend = {c.name: c for c in commands()}
-        return self._backend
+        return {c.name: backend_command(c) for c in commands()}
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in COMMANDS:
