@@ -98,6 +98,65 @@ def test_each_layer_imports_only_what_lies_below_it(layer: str) -> None:
     assert bad == []
 
 
+#: what only the CLI may import: the package below it neither parses flags nor draws
+#: (ops reports progress through callbacks; the CLI decides how to show it)
+CLI_ONLY = ("click", "rich")
+
+
+def test_only_the_cli_imports_click_or_rich() -> None:
+    bad = [
+        (str(p.relative_to(PKG)), imp)
+        for p in PKG.rglob("*.py")
+        if PKG / "cli" not in p.parents
+        for imp in imports_of(p)
+        if imp.split(".")[0] in CLI_ONLY
+    ]
+    assert bad == []
+
+
+def _sleeps_or_spins(path: pathlib.Path) -> list[str]:
+    """Calls of time.sleep (however imported) and `while True` loops in one module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    sleep_names = {"time.sleep"} | {
+        a.asname or a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "time"
+        for a in node.names
+        if a.name == "sleep"
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in sleep_names:
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}()")
+        elif (
+            isinstance(node, ast.While)
+            and isinstance(node.test, ast.Constant)
+            and bool(node.test.value)
+        ):
+            found.append(f"{path.name}:{node.lineno}: while {node.test.value!r}")
+    return found
+
+
+def test_the_cli_polls_nowhere() -> None:
+    """Every wait (status --watch, flow wait, logs --follow, a backend's answer) is the
+    package's: the CLI renders what a package generator or callback hands it."""
+    assert [hit for p in modules("cli") for hit in _sleeps_or_spins(p)] == []
+
+
+def test_the_poll_check_sees_what_it_looks_for(tmp_path: pathlib.Path) -> None:
+    spin = tmp_path / "spin.py"
+    spin.write_text("import time\nfrom time import sleep as nap\nwhile True:\n    nap(1)\n")
+    assert _sleeps_or_spins(spin) == ["spin.py:3: while True", "spin.py:4: nap()"]
+    spin.write_text("import time\nwhile 1:\n    time.sleep(1)\n")
+    assert _sleeps_or_spins(spin) == ["spin.py:2: while 1", "spin.py:3: time.sleep()"]
+
+
+def test_errors_are_printed_by_the_app_alone() -> None:
+    """`flow: error: ...` has one renderer (App.error); every other module raises."""
+    printers = [p.name for p in modules("cli") if "flow: error" in p.read_text()]
+    assert printers == ["app.py"]
+
+
 def test_only_the_package_root_and_the_layers_hold_modules() -> None:
     loose = sorted(p.name for p in PKG.glob("*.py"))
     assert loose == ["__init__.py", "__main__.py", "errors.py"]
