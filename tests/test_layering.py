@@ -76,9 +76,6 @@ MAY_IMPORT = {
         "httk_flow.ops.status",
     ),
 }
-#: the one wrong-way arrow left: a backend contributes its own commands (`flow sbatch`) and
-#: builds them on the CLI's App; to be removed by a plug-in seam in the CLI
-BACKEND_CLI = ("httk_flow.cli.app", "httk_flow.cli.options")
 
 
 def _layer_of(imp: str) -> str:
@@ -91,15 +88,73 @@ def test_each_layer_imports_only_what_lies_below_it(layer: str) -> None:
     allowed = (f"httk_flow.{layer}", "httk_flow.errors", *MAY_IMPORT[layer])
     bad = []
     for p in modules(layer):
-        exempt = BACKEND_CLI if p.name == "cli.py" and "backends" in p.parts else ()
         for imp in imports_of(p):
             if not imp.startswith("httk_flow.") or imp == "httk_flow.__version__":
                 continue
             if _layer_of(imp) == "" and imp.split(".")[1] != "errors":
                 bad.append((str(p.relative_to(PKG)), imp))  # a module outside every layer
-            elif not any(imp == a or imp.startswith(a + ".") for a in (*allowed, *exempt)):
+            elif not any(imp == a or imp.startswith(a + ".") for a in allowed):
                 bad.append((str(p.relative_to(PKG)), imp))
     assert bad == []
+
+
+#: what only the CLI may import: the package below it neither parses flags nor draws
+#: (ops reports progress through callbacks; the CLI decides how to show it)
+CLI_ONLY = ("click", "rich")
+
+
+def test_only_the_cli_imports_click_or_rich() -> None:
+    bad = [
+        (str(p.relative_to(PKG)), imp)
+        for p in PKG.rglob("*.py")
+        if PKG / "cli" not in p.parents
+        for imp in imports_of(p)
+        if imp.split(".")[0] in CLI_ONLY
+    ]
+    assert bad == []
+
+
+def _sleeps_or_spins(path: pathlib.Path) -> list[str]:
+    """Calls of time.sleep (however imported) and `while True` loops in one module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    sleep_names = {"time.sleep"} | {
+        a.asname or a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "time"
+        for a in node.names
+        if a.name == "sleep"
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in sleep_names:
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}()")
+        elif (
+            isinstance(node, ast.While)
+            and isinstance(node.test, ast.Constant)
+            and bool(node.test.value)
+        ):
+            found.append(f"{path.name}:{node.lineno}: while {node.test.value!r}")
+    return found
+
+
+def test_the_cli_polls_nowhere() -> None:
+    """Every wait (status --watch, flow wait, logs --follow, a backend's answer) is the
+    package's: the CLI renders what a package generator or callback hands it."""
+    assert [hit for p in modules("cli") for hit in _sleeps_or_spins(p)] == []
+
+
+def test_the_poll_check_sees_what_it_looks_for(tmp_path: pathlib.Path) -> None:
+    spin = tmp_path / "spin.py"
+    spin.write_text("import time\nfrom time import sleep as nap\nwhile True:\n    nap(1)\n")
+    assert _sleeps_or_spins(spin) == ["spin.py:3: while True", "spin.py:4: nap()"]
+    spin.write_text("import time\nwhile 1:\n    time.sleep(1)\n")
+    assert _sleeps_or_spins(spin) == ["spin.py:2: while 1", "spin.py:3: time.sleep()"]
+
+
+def test_errors_are_printed_by_the_app_alone() -> None:
+    """`flow: error: ...` has one renderer (App.error); every other module raises."""
+    printers = [p.name for p in modules("cli") if "flow: error" in p.read_text()]
+    assert printers == ["app.py"]
 
 
 def test_only_the_package_root_and_the_layers_hold_modules() -> None:
@@ -147,14 +202,25 @@ def test_no_scheduler_is_named_outside_its_backend_package() -> None:
     assert offenders == []
 
 
-def test_the_lazy_cli_knows_which_module_holds_each_core_command() -> None:
-    """cli/main loads one command module per command by its table; a stale entry would
-    still work (everything is loaded as a fallback) but lose the speed, so keep it true."""
+def test_the_lazy_table_is_the_one_registry_of_the_core_commands() -> None:
+    """cli/main finds each command through its name -> "module:attr" table: every entry is
+    a click command of that name, and every command a cli module defines is in the table
+    (a command missing from it would be unreachable)."""
+    import importlib
+
     import click
 
     from httk_flow.cli import main
 
-    for mod, commands in main._MODULES.items():
-        group = click.Group()
-        __import__(f"httk_flow.cli.{mod}", fromlist=["register"]).register(group)
-        assert sorted(group.commands) == sorted(commands), mod
+    for name, where in main.COMMANDS.items():
+        mod, attr = where.split(":")
+        command = getattr(importlib.import_module(f"httk_flow.cli.{mod}"), attr)
+        assert isinstance(command, click.Command) and command.name == name, where
+    defined = {
+        f"{p.stem}:{attr}"
+        for p in modules("cli")
+        for attr, value in vars(importlib.import_module(f"httk_flow.cli.{p.stem}")).items()
+        if isinstance(value, click.Command)
+        and getattr(value.callback, "__module__", None) == f"httk_flow.cli.{p.stem}"
+    }
+    assert defined - {"main:cli"} == set(main.COMMANDS.values())

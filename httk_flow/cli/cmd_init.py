@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from httk_flow.cli.app import App
+from httk_flow.cli.options import workspace_option
 from httk_flow.errors import UsageError
+from httk_flow.protocol import layout
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.workspace import FLOW_DIR, Workspace
 
@@ -19,7 +21,7 @@ def enclosing_workspace(path: str) -> str | None:
     Refuses a `path` inside that workspace's own `.flow` directory."""
     here = Path(path).resolve()
     for d in here.parents:
-        if (d / FLOW_DIR / "format.json").is_file():
+        if os.path.isfile(layout.format_file(str(d))):
             if here.is_relative_to(d / FLOW_DIR):
                 raise UsageError(
                     f"is inside the {FLOW_DIR} directory of workspace {d}",
@@ -30,48 +32,45 @@ def enclosing_workspace(path: str) -> str | None:
     return None
 
 
-def register(cli: click.Group) -> None:
-    from httk_flow.cli.options import workspace_option
+@click.command("init")
+@click.argument("path", default=".", type=click.Path(file_okay=False))
+@click.option("--durable/--no-durable", default=False, help="fsync every publish (slower).")
+@click.option(
+    "--lease", default=None, help="Manager lease, e.g. 30s or 2m (default 30s, at least 1s)."
+)
+@click.option("--exist-ok", is_flag=True, help="Accept an existing workspace.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+@workspace_option
+@click.pass_obj
+def init(
+    app: App, /, path: str, durable: bool, lease: str | None, exist_ok: bool, as_json: bool
+) -> None:
+    """Create a workspace in PATH (default: the current directory).
 
-    @cli.command("init")
-    @click.argument("path", default=".", type=click.Path(file_okay=False))
-    @click.option("--durable/--no-durable", default=False, help="fsync every publish (slower).")
-    @click.option(
-        "--lease", default=None, help="Manager lease, e.g. 30s or 2m (default 30s, at least 1s)."
+    Inside another workspace's tree it warns, naming that workspace; inside a
+    workspace's .flow directory it refuses."""
+    outer = enclosing_workspace(path)
+    existed = os.path.isfile(layout.format_file(path))
+    ws = Workspace.create(
+        path,
+        durable=durable,
+        lease=parse_duration(lease, "--lease") if lease else None,
+        exist_ok=exist_ok,
     )
-    @click.option("--exist-ok", is_flag=True, help="Accept an existing workspace.")
-    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
-    @workspace_option
-    @click.pass_obj
-    def init(
-        app: App, /, path: str, durable: bool, lease: str | None, exist_ok: bool, as_json: bool
-    ) -> None:
-        """Create a workspace in PATH (default: the current directory).
-
-        Inside another workspace's tree it warns, naming that workspace; inside a
-        workspace's .flow directory it refuses."""
-        outer = enclosing_workspace(path)
-        existed = os.path.isfile(os.path.join(path, FLOW_DIR, "format.json"))
-        ws = Workspace.create(
-            path,
-            durable=durable,
-            lease=parse_duration(lease, "--lease") if lease else None,
-            exist_ok=exist_ok,
+    if outer is not None and not existed:
+        app.warn(
+            f"{ws.root} is inside workspace {outer}; "
+            "commands run below it now find the new workspace, not that one"
         )
-        if outer is not None and not existed:
-            app.warn(
-                f"{ws.root} is inside workspace {outer}; "
-                "commands run below it now find the new workspace, not that one"
-            )
-        if as_json:
-            app.json(
-                {
-                    "workspace": ws.root,
-                    "workspace_id": ws.format.workspace_id,
-                    "durable": ws.policy.durable,
-                    "lease": ws.policy.lease,
-                }
-            )
-        else:
-            mode = "durable" if ws.policy.durable else "non-durable"
-            app.echo(f"workspace {ws.root} ({mode}, lease {ws.policy.lease:g}s)")
+    if as_json:
+        app.json(
+            {
+                "workspace": ws.root,
+                "workspace_id": ws.format.workspace_id,
+                "durable": ws.policy.durable,
+                "lease": ws.policy.lease,
+            }
+        )
+    else:
+        mode = "durable" if ws.policy.durable else "non-durable"
+        app.echo(f"workspace {ws.root} ({mode}, lease {ws.policy.lease:g}s)")

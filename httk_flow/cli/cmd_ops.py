@@ -5,82 +5,82 @@ from __future__ import annotations
 import click
 
 from httk_flow.cli.app import App
+from httk_flow.cli.options import workspace_option
 from httk_flow.protocol import maintenance
 from httk_flow.protocol.durations import format_duration
 from httk_flow.protocol.leases import read_managers
 
 
-def register(cli: click.Group) -> None:
-    from httk_flow.cli.options import workspace_option
-
-    @cli.command("managers")
-    @click.option("--all", "all_", is_flag=True, help="Include managers that stopped.")
-    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
-    @workspace_option
-    @click.pass_obj
-    def managers(app: App, /, all_: bool, as_json: bool) -> None:
-        """Managers with heartbeat age and liveness."""
-        rows = [m for m in read_managers(app.ws) if all_ or not m.stopped]
-        if as_json:
-            app.json(
-                {
-                    "managers": [
-                        {
-                            "id": m.info.id,
-                            "host": m.info.host,
-                            "pid": m.info.pid,
-                            "alive": m.alive,
-                            "heartbeat_age": round(m.age, 2),
-                            "stopped": m.stopped,
-                            "workers": m.info.workers,
-                            "running": m.info.running,
-                            "draining": m.info.draining,
-                            "pools": list(m.info.pools),
-                            "capabilities": list(m.info.capabilities),
-                            "ends_at": m.info.ends_at,
-                        }
-                        for m in rows
-                    ]
-                }
-            )
-            return
-        app.table(
-            ["ID", "HOST", "PID", "STATE", "HEARTBEAT", "RUNNING", "POOLS"],
-            [
-                [
-                    m.info.id,
-                    m.info.host,
-                    m.info.pid,
-                    "stopped"
-                    if m.stopped
-                    else "draining"
-                    if m.alive and m.info.draining
-                    else "alive"
-                    if m.alive
-                    else "stale",
-                    f"{format_duration(m.age)} ago",
-                    f"{m.info.running}/{m.info.workers}",
-                    ",".join(m.info.pools) or "default",
+@click.command("managers")
+@click.option("--all", "all_", is_flag=True, help="Include managers that stopped.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+@workspace_option
+@click.pass_obj
+def managers(app: App, /, all_: bool, as_json: bool) -> None:
+    """Managers with heartbeat age and liveness."""
+    rows = [m for m in read_managers(app.ws) if all_ or not m.stopped]
+    if as_json:
+        app.json(
+            {
+                "managers": [
+                    {
+                        "id": m.info.id,
+                        "host": m.info.host,
+                        "pid": m.info.pid,
+                        "alive": m.alive,
+                        "heartbeat_age": round(m.age, 2),
+                        "stopped": m.stopped,
+                        "workers": m.info.workers,
+                        "running": m.info.running,
+                        "draining": m.info.draining,
+                        "pools": list(m.info.pools),
+                        "capabilities": list(m.info.capabilities),
+                        "ends_at": m.info.ends_at,
+                    }
+                    for m in rows
                 ]
-                for m in rows
-            ],
+            }
         )
+        return
+    app.table(
+        ["ID", "HOST", "PID", "STATE", "HEARTBEAT", "RUNNING", "POOLS"],
+        [
+            [
+                m.info.id,
+                m.info.host,
+                m.info.pid,
+                "stopped"
+                if m.stopped
+                else "draining"
+                if m.alive and m.info.draining
+                else "alive"
+                if m.alive
+                else "stale",
+                f"{format_duration(m.age)} ago",
+                f"{m.info.running}/{m.info.workers}",
+                ",".join(m.info.pools) or "default",
+            ]
+            for m in rows
+        ],
+    )
 
-    @cli.command("lock")
-    @click.option("--reason", default="", help="Shown to everyone who looks.")
-    @workspace_option
-    @click.pass_obj
-    def lock(app: App, /, reason: str) -> None:
-        """Take the maintenance lock: managers launch nothing new while it is held."""
-        held = maintenance.acquire(app.ws, reason)
-        app.echo(f"maintenance lock taken ({held.describe()}); release it with `flow unlock`")
 
-    @cli.command("unlock")
-    @workspace_option
-    @click.pass_obj
-    def unlock(app: App, /) -> None:
-        """Release the maintenance lock."""
-        if maintenance.release(app.ws):
-            app.echo("maintenance lock released")
-        else:
-            app.echo("no maintenance lock was held")
+@click.command("lock")
+@click.option("--reason", default="", help="Shown to everyone who looks.")
+@workspace_option
+@click.pass_obj
+def lock(app: App, /, reason: str) -> None:
+    """Take the maintenance lock: managers launch nothing new while it is held."""
+    held = maintenance.acquire(app.ws, reason)
+    app.echo(f"maintenance lock taken ({held.describe()}); release it with `flow unlock`")
+
+
+@click.command("unlock")
+@workspace_option
+@click.pass_obj
+def unlock(app: App, /) -> None:
+    """Release the maintenance lock."""
+    if maintenance.release(app.ws):
+        app.echo("maintenance lock released")
+    else:
+        app.echo("no maintenance lock was held")

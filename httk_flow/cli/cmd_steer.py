@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import click
 
 from httk_flow.cli.app import App
+from httk_flow.cli.options import workspace_option
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.ops import lookup, steering
 from httk_flow.ops.logs import read_log
@@ -47,7 +47,7 @@ def _apply(
             r = fn(ws, h)
         except FlowError as e:
             codes.add(e.exit_code)
-            click.echo(f"flow: error: {e.render()}", err=True)
+            app.error(e)
             continue
         note = f" ({r.note})" if r.note else ""
         app.echo(f"{r.key}: {r.before.value} -> {r.after.value}{note}")
@@ -56,177 +56,179 @@ def _apply(
         raise SystemExit(1 if 1 in codes else 2)
 
 
-def register(cli: click.Group) -> None:
-    from httk_flow.cli.options import workspace_option
+@click.command("cancel")
+@click.argument("idents", nargs=-1, metavar="[JOB]...")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+@click.option("--all", "all_", is_flag=True, help="Every job.")
+@click.option("--reason", default="", help="Recorded in the job's history.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@workspace_option
+@click.pass_obj
+def cancel(
+    app: App,
+    /,
+    idents: tuple[str, ...],
+    states: tuple[str, ...],
+    all_: bool,
+    reason: str,
+    yes: bool,
+) -> None:
+    """Cancel jobs; a running job is fenced and its process group stopped."""
+    handles = _select(app, idents, states, all_, "cancel", yes)
+    _apply(app, handles, lambda ws, h: steering.cancel(ws, h, reason))
 
-    @cli.command("cancel")
-    @click.argument("idents", nargs=-1, metavar="[JOB]...")
-    @click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
-    @click.option("--all", "all_", is_flag=True, help="Every job.")
-    @click.option("--reason", default="", help="Recorded in the job's history.")
-    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-    @workspace_option
-    @click.pass_obj
-    def cancel(
-        app: App,
-        /,
-        idents: tuple[str, ...],
-        states: tuple[str, ...],
-        all_: bool,
-        reason: str,
-        yes: bool,
-    ) -> None:
-        """Cancel jobs; a running job is fenced and its process group stopped."""
-        handles = _select(app, idents, states, all_, "cancel", yes)
-        _apply(app, handles, lambda ws, h: steering.cancel(ws, h, reason))
 
-    @cli.command("pause")
-    @click.argument("idents", nargs=-1, metavar="[JOB]...")
-    @click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
-    @click.option("--all", "all_", is_flag=True, help="Every job.")
-    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-    @workspace_option
-    @click.pass_obj
-    def pause(
-        app: App, /, idents: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
-    ) -> None:
-        """Pause jobs (a running job pauses when its attempt ends)."""
-        _apply(app, _select(app, idents, states, all_, "pause", yes), steering.pause)
+@click.command("pause")
+@click.argument("idents", nargs=-1, metavar="[JOB]...")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+@click.option("--all", "all_", is_flag=True, help="Every job.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@workspace_option
+@click.pass_obj
+def pause(
+    app: App, /, idents: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
+) -> None:
+    """Pause jobs (a running job pauses when its attempt ends)."""
+    _apply(app, _select(app, idents, states, all_, "pause", yes), steering.pause)
 
-    @cli.command("resume")
-    @click.argument("idents", nargs=-1, metavar="[JOB]...")
-    @click.option("--step", default=None, help="Continue at this step.")
-    @click.option("--state", "states", multiple=True, type=click.Choice(["paused", "failed"]))
-    @click.option("--all", "all_", is_flag=True, help="Every paused or failed job.")
-    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-    @workspace_option
-    @click.pass_obj
-    def resume(
-        app: App,
-        /,
-        idents: tuple[str, ...],
-        step: str | None,
-        states: tuple[str, ...],
-        all_: bool,
-        yes: bool,
-    ) -> None:
-        """Continue paused or failed jobs."""
-        if step is not None:
-            names.check_ident(step, "step name")
-        if all_ and not states:
-            states, all_ = ("paused", "failed"), False
-        handles = _select(app, idents, states, all_, "resume", yes)
-        _apply(app, handles, lambda ws, h: steering.resume(ws, h, step))
 
-    @cli.command("priority")
-    @click.argument("args", nargs=-1, required=True, metavar="[JOB]... N")
-    @click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
-    @click.option("--all", "all_", is_flag=True, help="Every job.")
-    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-    @workspace_option
-    @click.pass_obj
-    def priority(
-        app: App, /, args: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
-    ) -> None:
-        """Change the priority of jobs (0-999, higher first); a running job's applies when
-        its attempt ends."""
-        if not args[-1].isdigit() or (len(args) < 2 and not (states or all_)):
-            raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
-        n = names.check_priority(int(args[-1]))
-        handles = _select(app, args[:-1], states, all_, "reprioritise", yes)
-        if states or all_:
-            # a finished job has no priority to change: skip it rather than refuse it
-            handles = [h for h in handles if not h.state.is_terminal]
-        _apply(app, handles, lambda ws, h: steering.set_priority(ws, h, n))
+@click.command("resume")
+@click.argument("idents", nargs=-1, metavar="[JOB]...")
+@click.option("--step", default=None, help="Continue at this step.")
+@click.option("--state", "states", multiple=True, type=click.Choice(["paused", "failed"]))
+@click.option("--all", "all_", is_flag=True, help="Every paused or failed job.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@workspace_option
+@click.pass_obj
+def resume(
+    app: App,
+    /,
+    idents: tuple[str, ...],
+    step: str | None,
+    states: tuple[str, ...],
+    all_: bool,
+    yes: bool,
+) -> None:
+    """Continue paused or failed jobs."""
+    if step is not None:
+        names.check_ident(step, "step name")
+    if all_ and not states:
+        states, all_ = ("paused", "failed"), False
+    handles = _select(app, idents, states, all_, "resume", yes)
+    _apply(app, handles, lambda ws, h: steering.resume(ws, h, step))
 
-    @cli.command("requests")
-    @click.option("--pending", is_flag=True, help="Only requests not yet retired.")
-    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
-    @workspace_option
-    @click.pass_obj
-    def requests_(app: App, /, pending: bool, as_json: bool) -> None:
-        """Requests waiting for a job's attempt to end, and how each was retired."""
-        rows = list(requests.views(app.ws, done=not pending))
-        if as_json:
-            app.json({"requests": [r.to_json() for r in rows]})
-            return
-        if not rows:
-            app.echo("no requests")
-            return
-        app.table(
-            ["STATUS", "REQUEST", "JOB", "GEN", "MANAGER", "REASON"],
-            [
-                (
-                    r.status,
-                    r.request.what if r.request else r.name,
-                    r.request.key if r.request else "-",
-                    r.request.gen if r.request else "-",
-                    r.by or "-",
-                    r.reason or "-",
-                )
-                for r in rows
-            ],
+
+@click.command("priority")
+@click.argument("args", nargs=-1, required=True, metavar="[JOB]... N")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+@click.option("--all", "all_", is_flag=True, help="Every job.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@workspace_option
+@click.pass_obj
+def priority(
+    app: App, /, args: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
+) -> None:
+    """Change the priority of jobs (0-999, higher first); a running job's applies when
+    its attempt ends."""
+    if not args[-1].isdigit() or (len(args) < 2 and not (states or all_)):
+        raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
+    n = names.check_priority(int(args[-1]))
+    handles = _select(app, args[:-1], states, all_, "reprioritise", yes)
+    if states or all_:
+        # a finished job has no priority to change: skip it rather than refuse it
+        handles = [h for h in handles if not h.state.is_terminal]
+    _apply(app, handles, lambda ws, h: steering.set_priority(ws, h, n))
+
+
+@click.command("requests")
+@click.option("--pending", is_flag=True, help="Only requests not yet retired.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+@workspace_option
+@click.pass_obj
+def requests_(app: App, /, pending: bool, as_json: bool) -> None:
+    """Requests waiting for a job's attempt to end, and how each was retired."""
+    rows = list(requests.views(app.ws, done=not pending))
+    if as_json:
+        app.json({"requests": [r.to_json() for r in rows]})
+        return
+    if not rows:
+        app.echo("no requests")
+        return
+    app.table(
+        ["STATUS", "REQUEST", "JOB", "GEN", "MANAGER", "REASON"],
+        [
+            (
+                r.status,
+                r.request.what if r.request else r.name,
+                r.request.key if r.request else "-",
+                r.request.gen if r.request else "-",
+                r.by or "-",
+                r.reason or "-",
+            )
+            for r in rows
+        ],
+    )
+
+
+@click.command("wait")
+@click.argument("idents", nargs=-1, metavar="[JOB]...")
+@click.option("--timeout", type=float, default=None, help="Give up after SECONDS (exit 3).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+@workspace_option
+@click.pass_obj
+def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
+    """Block until jobs are terminal: exit 0 all succeeded, 1 some did not, 3 timeout."""
+    ws = app.ws
+    handles = [lookup.find(ws, i) for i in idents] if idents else None
+    if app.is_terminal and not as_json:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        with Progress(
+            TextColumn("waiting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=app.console(stderr=True),
+            transient=True,
+        ) as bar:
+            task = bar.add_task("wait", total=None)
+            r = wait_jobs(
+                ws,
+                handles,
+                timeout=timeout,
+                progress=lambda d, t: bar.update(task, completed=d, total=t),
+            )
+    else:
+        r = wait_jobs(ws, handles, timeout=timeout)
+    if as_json:
+        app.json(
+            {
+                "total": r.total,
+                "done": r.done,
+                "succeeded": r.succeeded,
+                "failed": r.failed,
+                "cancelled": r.cancelled,
+                "timed_out": r.timed_out,
+            }
         )
+    else:
+        app.echo(
+            f"{r.done}/{r.total} done: {r.succeeded} succeeded, {r.failed} failed, "
+            f"{r.cancelled} cancelled" + (" (timed out)" if r.timed_out else "")
+        )
+    raise SystemExit(r.exit_code)
 
-    @cli.command("wait")
-    @click.argument("idents", nargs=-1, metavar="[JOB]...")
-    @click.option("--timeout", type=float, default=None, help="Give up after SECONDS (exit 3).")
-    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
-    @workspace_option
-    @click.pass_obj
-    def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
-        """Block until jobs are terminal: exit 0 all succeeded, 1 some did not, 3 timeout."""
-        ws = app.ws
-        handles = [lookup.find(ws, i) for i in idents] if idents else None
-        if app.is_terminal and not as_json:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-            with Progress(
-                TextColumn("waiting"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                console=app.console(stderr=True),
-                transient=True,
-            ) as bar:
-                task = bar.add_task("wait", total=None)
-                r = wait_jobs(
-                    ws,
-                    handles,
-                    timeout=timeout,
-                    progress=lambda d, t: bar.update(task, completed=d, total=t),
-                )
-        else:
-            r = wait_jobs(ws, handles, timeout=timeout)
-        if as_json:
-            app.json(
-                {
-                    "total": r.total,
-                    "done": r.done,
-                    "succeeded": r.succeeded,
-                    "failed": r.failed,
-                    "cancelled": r.cancelled,
-                    "timed_out": r.timed_out,
-                }
-            )
-        else:
-            app.echo(
-                f"{r.done}/{r.total} done: {r.succeeded} succeeded, {r.failed} failed, "
-                f"{r.cancelled} cancelled" + (" (timed out)" if r.timed_out else "")
-            )
-        raise SystemExit(r.exit_code)
-
-    @cli.command("logs")
-    @click.argument("ident", metavar="JOB")
-    @click.option("--stderr", is_flag=True, help="Show stderr instead of stdout.")
-    @click.option("--attempt", type=int, default=None, help="Attempt number (default: last).")
-    @click.option("--follow", "-f", is_flag=True, help="Keep printing until the attempt ends.")
-    @workspace_option
-    @click.pass_obj
-    def logs(app: App, /, ident: str, stderr: bool, attempt: int | None, follow: bool) -> None:
-        """Print an attempt's output."""
-        ws = app.ws
-        for chunk in read_log(
-            ws, lookup.find(ws, ident), stderr=stderr, attempt=attempt, follow=follow
-        ):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+@click.command("logs")
+@click.argument("ident", metavar="JOB")
+@click.option("--stderr", is_flag=True, help="Show stderr instead of stdout.")
+@click.option("--attempt", type=int, default=None, help="Attempt number (default: last).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the attempt ends.")
+@workspace_option
+@click.pass_obj
+def logs(app: App, /, ident: str, stderr: bool, attempt: int | None, follow: bool) -> None:
+    """Print an attempt's output."""
+    ws = app.ws
+    for chunk in read_log(
+        ws, lookup.find(ws, ident), stderr=stderr, attempt=attempt, follow=follow
+    ):
+        app.write(chunk)

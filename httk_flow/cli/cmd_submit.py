@@ -10,6 +10,7 @@ from typing import IO, Any
 import click
 
 from httk_flow.cli.app import App
+from httk_flow.cli.options import workspace_option
 from httk_flow.errors import UsageError
 from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
 from httk_flow.protocol.durations import parse_duration
@@ -90,146 +91,143 @@ class SubmitCommand(click.Command):
         return found
 
 
-def register(cli: click.Group) -> None:
-    from httk_flow.cli.options import workspace_option
-
-    @cli.command(
-        "submit",
-        cls=SubmitCommand,
-        # parsing stops at PROGRAM: what follows is the program's, while an unknown
-        # option before it is click's "No such option" (with a suggestion)
-        context_settings={"allow_interspersed_args": False},
+@click.command(
+    "submit",
+    cls=SubmitCommand,
+    # parsing stops at PROGRAM: what follows is the program's, while an unknown
+    # option before it is click's "No such option" (with a suggestion)
+    context_settings={"allow_interspersed_args": False},
+)
+@click.argument("program", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--name", default="", help="A human-readable name.")
+@click.option("--tag", default=None, help="A tag; it becomes part of the job key.")
+@click.option("--step", default="main", show_default=True, help="Initial step.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A parameter.")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    # existence, type and size are checked with the job, so the message names the input
+    type=click.Path(),
+    help="A regular file or directory copied into the job's files/ (repeatable).",
+)
+@click.option(
+    "--input-max",
+    "input_max",
+    default=None,
+    metavar="SIZE",
+    help="Most the inputs of one job may total, e.g. 500M, 8G (default 1G).",
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=DEFAULT_PRIORITY,
+    show_default=True,
+    help="0-999, higher first.",
+)
+@click.option("--placement", default=None, help="Relative directory for the job.")
+@click.option("--pool", default=None, help="Only managers serving this pool run it.")
+@click.option("--requires", multiple=True, metavar="CAP", help="A needed capability.")
+@click.option("--time", "time_", default=None, help="Expected runtime, e.g. 90s, 15m, 2h.")
+@click.option(
+    "--retries",
+    type=int,
+    default=DEFAULT_RETRIES,
+    show_default=True,
+    help="Extra attempts per activation after a process failure.",
+)
+@click.option(
+    "--workdir",
+    type=click.Choice(["persistent", "isolated"]),
+    default="persistent",
+    show_default=True,
+)
+@click.option(
+    "--require-outcome",
+    is_flag=True,
+    help="Exit 0 without a published outcome is a protocol error.",
+)
+@click.option(
+    "--array",
+    "array",
+    default=None,
+    metavar="INDICES",
+    help="One job per index (1-9, 1-9:2, 1,3,5, 1-3,7,10-20:5); the index is FLOW_ARRAY_INDEX.",
+)
+@click.option(
+    "--from",
+    "from_file",
+    default=None,
+    metavar="FILE.jsonl",
+    help="One job per JSON line ('-' = stdin).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
+@workspace_option
+@click.pass_obj
+def submit(
+    app: App,
+    /,
+    program: str | None,
+    args: tuple[str, ...],
+    params: tuple[str, ...],
+    inputs: tuple[str, ...],
+    requires: tuple[str, ...],
+    time_: str | None,
+    array: str | None,
+    from_file: str | None,
+    input_max: str | None,
+    as_json: bool,
+    **opts: Any,
+) -> None:
+    """Submit PROGRAM [ARGS]... as one job (or many with --array / --from)."""
+    if program is None and from_file is None:
+        raise UsageError("give a PROGRAM to run, or --from FILE.jsonl", obj="flow submit")
+    if array and from_file:
+        raise UsageError("--array and --from cannot be combined", obj="flow submit")
+    base = SubmitRequest(
+        program=program or "",
+        args=list(args),
+        params=_params(params),
+        inputs=list(inputs),
+        input_max=parse_size(input_max) if input_max is not None else DEFAULT_INPUT_MAX,
+        requires=list(requires),
+        time=parse_duration(time_, "--time") if time_ else None,
+        **opts,
     )
-    @click.argument("program", required=False)
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    @click.option("--name", default="", help="A human-readable name.")
-    @click.option("--tag", default=None, help="A tag; it becomes part of the job key.")
-    @click.option("--step", default="main", show_default=True, help="Initial step.")
-    @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A parameter.")
-    @click.option(
-        "--input",
-        "inputs",
-        multiple=True,
-        # existence, type and size are checked with the job, so the message names the input
-        type=click.Path(),
-        help="A regular file or directory copied into the job's files/ (repeatable).",
-    )
-    @click.option(
-        "--input-max",
-        "input_max",
-        default=None,
-        metavar="SIZE",
-        help="Most the inputs of one job may total, e.g. 500M, 8G (default 1G).",
-    )
-    @click.option(
-        "--priority",
-        type=int,
-        default=DEFAULT_PRIORITY,
-        show_default=True,
-        help="0-999, higher first.",
-    )
-    @click.option("--placement", default=None, help="Relative directory for the job.")
-    @click.option("--pool", default=None, help="Only managers serving this pool run it.")
-    @click.option("--requires", multiple=True, metavar="CAP", help="A needed capability.")
-    @click.option("--time", "time_", default=None, help="Expected runtime, e.g. 90s, 15m, 2h.")
-    @click.option(
-        "--retries",
-        type=int,
-        default=DEFAULT_RETRIES,
-        show_default=True,
-        help="Extra attempts per activation after a process failure.",
-    )
-    @click.option(
-        "--workdir",
-        type=click.Choice(["persistent", "isolated"]),
-        default="persistent",
-        show_default=True,
-    )
-    @click.option(
-        "--require-outcome",
-        is_flag=True,
-        help="Exit 0 without a published outcome is a protocol error.",
-    )
-    @click.option(
-        "--array",
-        "array",
-        default=None,
-        metavar="INDICES",
-        help="One job per index (1-9, 1-9:2, 1,3,5, 1-3,7,10-20:5); the index is FLOW_ARRAY_INDEX.",
-    )
-    @click.option(
-        "--from",
-        "from_file",
-        default=None,
-        metavar="FILE.jsonl",
-        help="One job per JSON line ('-' = stdin).",
-    )
-    @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
-    @workspace_option
-    @click.pass_obj
-    def submit(
-        app: App,
-        /,
-        program: str | None,
-        args: tuple[str, ...],
-        params: tuple[str, ...],
-        inputs: tuple[str, ...],
-        requires: tuple[str, ...],
-        time_: str | None,
-        array: str | None,
-        from_file: str | None,
-        input_max: str | None,
-        as_json: bool,
-        **opts: Any,
-    ) -> None:
-        """Submit PROGRAM [ARGS]... as one job (or many with --array / --from)."""
-        if program is None and from_file is None:
-            raise UsageError("give a PROGRAM to run, or --from FILE.jsonl", obj="flow submit")
-        if array and from_file:
-            raise UsageError("--array and --from cannot be combined", obj="flow submit")
-        base = SubmitRequest(
-            program=program or "",
-            args=list(args),
-            params=_params(params),
-            inputs=list(inputs),
-            input_max=parse_size(input_max) if input_max is not None else DEFAULT_INPUT_MAX,
-            requires=list(requires),
-            time=parse_duration(time_, "--time") if time_ else None,
-            **opts,
-        )
-        ws = app.ws
-        submitter = Submitter(ws)
-        with ExitStack() as stack:
-            make: Callable[[], Iterator[SubmitRequest]]
-            total: int | None
-            if from_file is not None:
-                if from_file == "-":
-                    data = sys.stdin.buffer.read()
-                    lines: list[bytes] = data.splitlines(keepends=True)
-                    make = lambda: jsonl_requests(iter(lines), base, "<stdin>")  # noqa: E731
-                else:
-                    fh: IO[bytes] = stack.enter_context(_open(from_file))
-
-                    def make() -> Iterator[SubmitRequest]:
-                        fh.seek(0)
-                        return jsonl_requests(fh, base, from_file)
-
-                # validate every line before publishing any job
-                total = sum(1 for req in make() if submitter.build(req) is not None)
-            elif array is not None:
-                indices = parse_array(array)
-                make = lambda: array_requests(base, indices)  # noqa: E731
-                total = sum(len(r) for r in indices)
+    ws = app.ws
+    submitter = Submitter(ws)
+    with ExitStack() as stack:
+        make: Callable[[], Iterator[SubmitRequest]]
+        total: int | None
+        if from_file is not None:
+            if from_file == "-":
+                data = sys.stdin.buffer.read()
+                lines: list[bytes] = data.splitlines(keepends=True)
+                make = lambda: jsonl_requests(iter(lines), base, "<stdin>")  # noqa: E731
             else:
-                make = lambda: iter([base])  # noqa: E731
-                total = 1
-            jobs = _run(app, submitter, make(), total)
-        if as_json:
-            app.json({"jobs": jobs})
-        elif len(jobs) > SHOW_IDS and app.is_terminal:
-            app.echo(f"submitted {len(jobs)} jobs to {ws.root}; see them with `flow status`")
+                fh: IO[bytes] = stack.enter_context(_open(from_file))
+
+                def make() -> Iterator[SubmitRequest]:
+                    fh.seek(0)
+                    return jsonl_requests(fh, base, from_file)
+
+            # validate every line before publishing any job
+            total = sum(1 for req in make() if submitter.build(req) is not None)
+        elif array is not None:
+            indices = parse_array(array)
+            make = lambda: array_requests(base, indices)  # noqa: E731
+            total = sum(len(r) for r in indices)
         else:
-            app.echo("\n".join(j["id"] for j in jobs))
+            make = lambda: iter([base])  # noqa: E731
+            total = 1
+        jobs = _run(app, submitter, make(), total)
+    if as_json:
+        app.json({"jobs": jobs})
+    elif len(jobs) > SHOW_IDS and app.is_terminal:
+        app.echo(f"submitted {len(jobs)} jobs to {ws.root}; see them with `flow status`")
+    else:
+        app.echo("\n".join(j["id"] for j in jobs))
 
 
 def _open(path: str) -> IO[bytes]:

@@ -10,59 +10,61 @@ from httk_flow import __version__
 from httk_flow.cli.app import App
 from httk_flow.cli.options import FlowGroup, workspace_option
 
-#: the command modules, and the commands each is known to hold: a command loads only its
-#: own module (importing all of them costs every command about 0.1 s); a name missing
-#: here (a new command) still works, by loading everything
-_MODULES = {
-    "cmd_alloc": ("scale", "allocations"),
-    "cmd_demo": ("demo",),
-    "cmd_fsck": ("fsck", "gc"),
-    "cmd_init": ("init",),
-    "cmd_ops": ("managers", "lock", "unlock"),
-    "cmd_read": ("list", "show", "history", "status"),
-    "cmd_serve": ("serve", "run"),
-    "cmd_steer": ("cancel", "pause", "resume", "priority", "requests", "wait", "logs"),
-    "cmd_submit": ("submit",),
+#: every core command, by name: "module:attr" of its click command in httk_flow.cli. This
+#: is the one registry: a command loads only its own module (importing all of them costs
+#: every command about 0.1 s). Commands a backend adds are found by listing the backends.
+COMMANDS = {
+    "allocations": "cmd_alloc:allocations",
+    "cancel": "cmd_steer:cancel",
+    "demo": "cmd_demo:demo_cmd",
+    "fsck": "cmd_fsck:fsck",
+    "gc": "cmd_fsck:gc",
+    "history": "cmd_read:history",
+    "init": "cmd_init:init",
+    "list": "cmd_read:list_",
+    "lock": "cmd_ops:lock",
+    "logs": "cmd_steer:logs",
+    "managers": "cmd_ops:managers",
+    "pause": "cmd_steer:pause",
+    "priority": "cmd_steer:priority",
+    "requests": "cmd_steer:requests_",
+    "resume": "cmd_steer:resume",
+    "run": "cmd_serve:run",
+    "scale": "cmd_alloc:scale",
+    "serve": "cmd_serve:serve",
+    "show": "cmd_read:show",
+    "status": "cmd_status:status",
+    "submit": "cmd_submit:submit",
+    "unlock": "cmd_ops:unlock",
+    "wait": "cmd_steer:wait",
 }
-_WHERE = {name: mod for mod, names in _MODULES.items() for name in names}
+
+
+def load(name: str) -> click.Command:
+    """The click command COMMANDS names for `name`."""
+    mod, attr = COMMANDS[name].split(":")
+    command = getattr(importlib.import_module(f"httk_flow.cli.{mod}"), attr)
+    assert isinstance(command, click.Command), COMMANDS[name]
+    return command
 
 
 class LazyGroup(FlowGroup):
-    """Registers a command module the first time one of its commands is asked for."""
+    """Imports a command's module the first time the command is asked for; builds the
+    commands backends describe when one of them (or the list) is asked for."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._loaded: set[str] = set()
-        self._all = False
+    def _backend_commands(self) -> dict[str, click.Command]:
+        from httk_flow.cli.cmd_alloc import backend_command
+        from httk_flow.scale.backends import commands
 
-    def _load(self, mod: str) -> None:
-        if mod not in self._loaded:
-            self._loaded.add(mod)
-            importlib.import_module(f"httk_flow.cli.{mod}").register(self)
-
-    def _load_all(self) -> None:
-        if not self._all:
-            self._all = True
-            for mod in _MODULES:
-                self._load(mod)
-            from httk_flow.scale.backends import commands as backend_commands
-
-            for command in backend_commands():
-                self.add_command(command)
+        return {c.name: backend_command(c) for c in commands()}
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        mod = _WHERE.get(cmd_name)
-        if mod is not None:
-            self._load(mod)
-        found = super().get_command(ctx, cmd_name)
-        if found is None:
-            self._load_all()
-            found = super().get_command(ctx, cmd_name)
-        return found
+        if cmd_name in COMMANDS:
+            return load(cmd_name)
+        return self._backend_commands().get(cmd_name)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        self._load_all()
-        return super().list_commands(ctx)
+        return sorted([*COMMANDS, *self._backend_commands()])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,13 +77,14 @@ def cli(ctx: click.Context) -> None:
 
 
 def main() -> None:
+    app = App()
     # standalone_mode=False: click would otherwise swallow a BrokenPipeError raised by a bug
     try:
-        code = cli.main(obj=App(), prog_name="flow", standalone_mode=False)
+        code = cli.main(obj=app, prog_name="flow", standalone_mode=False)
     except click.ClickException as e:
         e.show()
         raise SystemExit(e.exit_code) from None
     except click.Abort:
-        click.echo("flow: aborted", err=True)
+        app.echo("flow: aborted", err=True)
         raise SystemExit(1) from None
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -2,42 +2,22 @@
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 from httk_flow.cli.app import App
-from httk_flow.errors import FlowError
-
-_ENVIRONMENT_ERRNOS = frozenset(
-    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class FlowGroup(click.Group):
-    """Turns a FlowError into `flow: error: ...` and its exit code; anything else is a bug."""
+    """Runs a command under the App's error handler (App.reporting_errors)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
+        with ctx.ensure_object(App).reporting_errors():
             return super().invoke(ctx)
-        except FlowError as e:
-            click.echo(f"flow: error: {e.render()}", err=True)
-            ctx.exit(e.exit_code)
-        except OSError as e:
-            # the machine refusing (full disk, quota, read-only) is not a bug: say so plainly
-            if e.errno not in _ENVIRONMENT_ERRNOS:
-                raise
-            where = f"{e.filename}: " if e.filename else ""
-            click.echo(
-                f"flow: error: {where}{e.strerror}; free space or fix permissions "
-                "in the workspace and run the command again",
-                err=True,
-            )
-            ctx.exit(1)
 
 
 def _set_workspace(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:

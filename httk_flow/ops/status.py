@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -140,3 +141,48 @@ class Throughput:
         remaining = sum(report.counts[s] for s in State if not s.is_terminal)
         r = self.rate
         return remaining / r if r > 0 and remaining else None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One look at the workspace while watching it, and the pace so far."""
+
+    report: StatusReport
+    #: seconds since the watch began
+    elapsed: float
+    #: jobs finished per second over the throughput window
+    rate: float
+    #: seconds until what remains is done at that rate, when there is a rate
+    eta: float | None
+
+
+def watch(
+    ws: Workspace,
+    *,
+    by: GroupBy = "state",
+    every: float = 2.0,
+    until: Callable[[Snapshot], bool] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[Snapshot]:
+    """A snapshot now and then one every `every` seconds, until `until(snapshot)` is true
+    or the caller stops iterating: the one loop that watches a workspace for a user.
+
+    The interval is kept on the monotonic clock; a look that takes longer than the
+    interval is followed by the next at once, not by a burst of catching up."""
+    tp = Throughput()
+    start = due = clock()
+    while True:
+        report = workspace_status(ws, by=by)
+        now = clock()
+        tp.add(report, now)
+        snap = Snapshot(report, now - start, tp.rate, tp.eta(report))
+        yield snap
+        if until is not None and until(snap):
+            return
+        due += every
+        delay = due - clock()
+        if delay > 0:
+            sleep(delay)
+        else:
+            due = clock()

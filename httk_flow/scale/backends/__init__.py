@@ -9,10 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import cache
-from typing import Any
 
 from httk_flow.errors import UsageError
-from httk_flow.scale.backends.base import AllocationBackend
+from httk_flow.scale.backends.base import AllocationBackend, BackendCommand
 
 
 @cache
@@ -29,9 +28,9 @@ def available() -> dict[str, AllocationBackend]:
     return found
 
 
-def commands() -> list[Any]:
-    """Click commands contributed by backends (each module's COMMANDS list)."""
-    out: list[Any] = []
+def commands() -> list[BackendCommand]:
+    """Commands backends add to `flow`, as plain descriptions (each module's COMMANDS)."""
+    out: list[BackendCommand] = []
     for info in pkgutil.iter_modules(__path__):
         if info.name == "base":
             continue

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,3 +81,65 @@ class AllocationBackend(Protocol):
     def allocation_end(self) -> float | None:
         """If this process runs inside one of this backend's allocations: its end time."""
         ...
+
+
+def adopt_by_token(
+    backend: AllocationBackend,
+    workspace: str,
+    token: str,
+    wait: float,
+    *,
+    every: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """After a submission without a definite answer: ask for its token every `every`
+    seconds for `wait` seconds; the handle, or None (never seen, or never answered)."""
+    deadline = clock() + wait
+    while True:
+        try:
+            found = backend.find_by_token(workspace, token)
+        except BackendUnavailable:
+            found = None
+        if found is not None or clock() >= deadline:
+            return found
+        sleep(every)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """One allocation submitted by hand: the backend's handle, its token and its log."""
+
+    handle: str
+    token: str
+    workspace: str
+    log: str
+
+
+class SubmitOne(Protocol):
+    def __call__(
+        self,
+        workspace: str,
+        *,
+        serve_args: tuple[str, ...],
+        time: float | None,
+        drain: float,
+        extra_args: tuple[str, ...],
+    ) -> Submitted:
+        """Submit one manager allocation; a FlowError says why not (or that it is unknown)."""
+        ...
+
+
+@dataclass(frozen=True)
+class BackendCommand:
+    """A command a backend adds to `flow`, as plain data (the CLI builds the command):
+    `flow NAME [ARG_FLAG ARG]... [--time D] [--drain D] [--json] [-- SERVE_OPTIONS]`
+    submits one manager allocation and prints its handle."""
+
+    name: str
+    #: the command's help: a first line, a blank line, then the details
+    help: str
+    #: the repeatable option whose values go to the batch system as they are
+    arg_flag: str
+    arg_help: str
+    submit: SubmitOne

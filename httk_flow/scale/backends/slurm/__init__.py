@@ -9,11 +9,11 @@ submission by its token, and ends a manager with `scancel -b -s TERM` so it drai
 from __future__ import annotations
 
 from httk_flow.scale.backends.slurm.backend import SlurmBackend
-from httk_flow.scale.backends.slurm.cli import sbatch_command
+from httk_flow.scale.backends.slurm.single import SBATCH
 
 BACKEND = SlurmBackend()
-#: commands this backend adds to `flow`
-COMMANDS = [sbatch_command]
+#: commands this backend adds to `flow` (plain descriptions the CLI builds)
+COMMANDS = [SBATCH]
 #: option names `flow scale` accepts for this backend's submission arguments
 SUBMIT_ARG_FLAGS = ["--sbatch-arg"]
 
