@@ -41,7 +41,7 @@ RACER = textwrap.dedent(
     stream = MarkerStream(ws, State.READY)
     open(os.path.join(signals, "ready-" + me), "w").close()
     while not os.path.exists(os.path.join(signals, "go")):
-        time.sleep(0.001)
+        time.sleep(0.001)  # polls for the start signal
     successes, conflicts = [], 0
     cycle, seen = stream.cycles, 0
     while True:

@@ -109,7 +109,7 @@ def test_flow_scale_keeps_at_most_max_managers_and_ends_them_when_the_queue_is_e
         if states(root).get("succeeded") == 200 and not alive and all(r.phase.ended for r in recs):
             break
         assert time.monotonic() < deadline, (reports[-5:], recs, states(root))
-        time.sleep(0.3)
+        time.sleep(0.3)  # the reconciler's cadence (the scene: `flow scale --once` from cron)
     assert peak <= 2
     assert sum(len(r["submitted"]) for r in reports) == 2
     assert {r.phase for r in recs} == {AllocPhase.CANCELLED}, recs

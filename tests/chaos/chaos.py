@@ -733,6 +733,24 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
         return None
 
 
+#: PF_EXITING among a process's flags (the ninth field of /proc/<pid>/stat)
+_PF_EXITING = 0x4
+
+
+def _dying(pid: int) -> bool:
+    """The process has a SIGKILL pending, or is already exiting (or is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+        flags = int(fields[6])
+        pending = int(status[b"SigPnd"], 16) | int(status[b"ShdPnd"], 16)
+    except (OSError, IndexError, KeyError, ValueError):
+        return True  # gone while we looked
+    return bool(flags & _PF_EXITING) or bool(pending & (1 << (signal.SIGKILL - 1)))
+
+
 def _parent(pid: int) -> int | None:
     st = _proc_stat(pid)
     return st[1] if st else None
@@ -1915,10 +1933,11 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print, command: 
             driver.run()
         finally:
             driver.stop()
-            # nothing of the workspace may still run once its managers are gone
-            time.sleep(0.2)
+            # nothing of the workspace may still run once its managers are gone; what they
+            # killed may not have been scheduled to exit yet on a busy machine: a process
+            # with a SIGKILL pending, or already exiting, is dead, however long it takes
             for pid, state, _, jid in list(workspace_processes(root)):
-                if state not in ("Z", "X"):
+                if state not in ("Z", "X") and not _dying(pid):
                     report.violations.append(f"attempt process {pid} of job {jid} still runs")
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)

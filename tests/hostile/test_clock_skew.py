@@ -23,6 +23,7 @@ from manager.support import (
     JobInfo,
     ManagerProcess,
     Managers,
+    beats,
     dump,
     log_of,
     make_workspace,
@@ -105,23 +106,6 @@ def fs_now(root: str) -> float:
         return p.stat().st_mtime
     finally:
         p.unlink()
-
-
-def heartbeat_of(root: str, p: ManagerProcess) -> dict[str, object]:
-    """The heartbeat body of manager process `p` ({} before its first)."""
-    for path in (Path(root) / ".flow" / "managers").glob("*/heartbeat.json"):
-        try:
-            body = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            continue
-        if body.get("pid") == p.pid:
-            return dict(body)
-    return {}
-
-
-def beats(root: str, p: ManagerProcess) -> int:
-    seq = heartbeat_of(root, p).get("seq", 0)
-    return seq if isinstance(seq, int) else 0
 
 
 def lived_through_takeover_graces(root: str, procs: list[ManagerProcess]) -> None:

@@ -43,8 +43,12 @@ def _succeeded(root: str) -> int:
 def test_stray_lines_in_a_live_segment_damage_no_job(
     root: str, scripts: Path, managers: Managers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prog = write_script(scripts, "nap.sh", "sleep 0.1\n")
-    ids = submit(root, prog, count=JOBS)
+    # every job waits for the gate, then naps 0.1 s (the scene: jobs that take a while); the
+    # gate opens once 20 stray appends have landed, so that many land however fast it runs
+    gate = scripts / "gate"
+    nap = 'until [ -e "$FLOW_PARAM_gate" ]; do sleep 0.02; done\nsleep 0.1\n'
+    prog = write_script(scripts, "nap.sh", nap)
+    ids = submit(root, prog, count=JOBS, params={"gate": str(gate)})
     before = {d.name for d in (Path(root) / ".flow" / "journal").iterdir()}
     p = managers.start(root, command="serve", workers=4)
 
@@ -59,7 +63,9 @@ def test_stray_lines_in_a_live_segment_damage_no_job(
                 fh.write(STRAY[n % 2] % n)
             polluted[seg] = polluted.get(seg, 0) + 1
             n += 1
-        time.sleep(0.02)
+        if n >= 20:
+            gate.touch()
+        time.sleep(0.02)  # the stray writer's pace (the scene)
     assert n >= 20, f"only {n} stray appends landed while the jobs ran"
     p.send_signal(signal.SIGTERM)
     assert p.wait(30) == 0, log_of(p)

@@ -12,7 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from manager.support import ManagerProcess, Managers, flow, job, submit, write_script
+from manager.support import (
+    RUN_TIMEOUT,
+    ManagerProcess,
+    Managers,
+    flow,
+    job,
+    submit,
+    write_script,
+)
 
 from httk_flow.errors import FlowError, InvalidOutcome
 from httk_flow.protocol import outcome
@@ -173,7 +181,9 @@ def test_a_fifo_in_place_of_job_json_fails_its_job(
     os.mkfifo(fifo)
     p: ManagerProcess = managers.start(root, workers=2)
     try:
-        ended = p.wait(5)
+        # a manager stuck in open() of the FIFO waits forever: a run that has not ended
+        # within RUN_TIMEOUT is stuck, one that is merely slow on a busy machine is not
+        ended = p.wait(RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
         ended = None
     finally:

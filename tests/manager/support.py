@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from helpers import processes, processes_with_env
+from helpers import processes, processes_with_env, wait_for
 
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
@@ -412,6 +412,35 @@ def manager_ids(root: str) -> dict[int, str]:
             beat = orjson.loads(path.read_bytes())
             out[int(beat["pid"])] = str(beat["id"])
     return out
+
+
+def heartbeat_of(root: str, p: ManagerProcess) -> dict[str, object]:
+    """The heartbeat body of manager process `p` ({} before its first)."""
+    for path in (Path(root) / ".flow" / "managers").glob("*/heartbeat.json"):
+        try:
+            body = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if body.get("pid") == p.pid:
+            return dict(body)
+    return {}
+
+
+def beats(root: str, p: ManagerProcess) -> int:
+    """The `seq` of the latest heartbeat of manager process `p` (0 before its first).
+
+    A manager rewrites its heartbeat from its loop every third of its lease, so a seq that
+    advances is the positive sign that the manager keeps running its passes."""
+    seq = heartbeat_of(root, p).get("seq", 0)
+    return seq if isinstance(seq, int) else 0
+
+
+def wait_beats(root: str, p: ManagerProcess, n: int, timeout: float = 60.0) -> None:
+    """Wait until manager process `p` has heartbeated `n` more times than now (it ran on
+    for at least (n - 1) thirds of its lease); it must still be running then."""
+    start = beats(root, p)
+    wait_for(lambda: beats(root, p) >= start + n or p.poll() is not None, timeout)
+    assert p.poll() is None, f"manager exited with {p.returncode}:\n{log_of(p)}"
 
 
 def manager_up(root: str, p: ManagerProcess, timeout: float = 30.0) -> str:

@@ -20,10 +20,8 @@ from helpers import wait_for
 from hostile.test_clock_skew import (
     GRACE,
     LEASE,
-    beats,
     evidence,
     faketime_env,
-    heartbeat_of,
     lived_through_takeover_graces,
     long_jobs,
     untouched,
@@ -35,7 +33,17 @@ from httk_flow.protocol.procs import proc_start_time
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
-from .support import FLOW, ManagerProcess, Managers, dump, flow, job, log_of
+from .support import (
+    FLOW,
+    ManagerProcess,
+    Managers,
+    beats,
+    dump,
+    flow,
+    heartbeat_of,
+    job,
+    log_of,
+)
 
 HOURS = 2 * 3600.0
 

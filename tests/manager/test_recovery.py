@@ -6,12 +6,10 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 from helpers import proc, wait_for
 
 from httk_flow.manager.launcher import group_alive, proc_start_time, process_alive
@@ -19,12 +17,15 @@ from httk_flow.protocol.states import State
 
 from .support import (
     Managers,
+    beats,
     committed,
     dump,
     job,
     log_of,
+    manager_up,
     processes_of,
     submit,
+    wait_beats,
     write_script,
 )
 
@@ -215,34 +216,41 @@ def test_a_persistent_job_of_a_silent_remote_manager_is_not_taken_over_on_lease_
     assert job(root, jid).state is State.RUNNING, dump(root)
 
 
-def heartbeat_of(root: str, pid: int) -> Path | None:
-    """The heartbeat file of the manager process `pid`, once it has written one."""
-    for path in (Path(root) / ".flow" / "managers").glob("*/heartbeat.json"):
-        with contextlib.suppress(OSError, ValueError):
-            if orjson.loads(path.read_bytes())["pid"] == pid:
-                return path
-    return None
-
-
 def test_a_manager_that_once_looked_silent_is_still_recovered_promptly_when_it_dies(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    # the watcher serves another pool: it only recovers, it never runs the job itself
+    # the watcher serves another pool: it only recovers, it never runs the job itself; the
+    # owner is on another host, where a stopped manager looks silent (on this host its live
+    # process would keep it alive, stopped or not)
     watcher = managers.start(root, "--lease", "1s", "--pool", "other", command="serve")
-    owner = managers.start(root, "--lease", "1s", "--pool", "p", command="serve")
-    beat = wait_for(lambda: heartbeat_of(root, owner.pid), 20)
-    assert isinstance(beat, Path)
-    # a stopped owner looks silent; the watcher sweeps, finds no work of it, clears it
+    owner = managers.start(root, "--lease", "1s", "--pool", "p", command="serve", host="far")
+    manager_up(root, watcher)
+    manager_up(root, owner)
+    # a stopped owner looks silent; the watcher sweeps, finds no work of it, clears it. No
+    # trace is left by a sweep that finds nothing: what is observed is that the watcher ran
+    # its passes through 15 heartbeats (14 thirds of its lease, 4.7 s) while the owner was
+    # silent, past the 1 s after which it suspects the owner and the sweep that follows
     owner.send_signal(signal.SIGSTOP)
-    time.sleep(4)  # nothing to observe: the sweep leaves no trace when it finds nothing
-    owner.send_signal(signal.SIGCONT)
-    before = beat.stat().st_mtime
-    wait_for(lambda: beat.stat().st_mtime > before, 10)
+    try:
+        silent = beats(root, owner)
+        wait_beats(root, watcher, 15)
+        assert beats(root, owner) == silent, "the stopped owner heartbeated"
+    finally:
+        owner.send_signal(signal.SIGCONT)
+    # the owner heartbeats again, and the watcher looks (and sees it alive) a few times
+    wait_for(lambda: beats(root, owner) > silent, 10)
+    wait_beats(root, watcher, 3)
 
-    [jid] = submit(root, write_script(scripts, "job.sh", SLEEPER), pool="p")
-    started = job(root, jid).job_dir(root) / "run" / "started"
-    wait_for(lambda: started.exists(), 20)
+    # isolated: a job on a silent host is taken over on its lease alone
+    program = write_script(scripts, "job.sh", SLEEPER_ANYWHERE)
+    [jid] = submit(root, program, pool="p", workdir="isolated")
+    started = job(root, jid).job_dir(root) / "started"
+    wait_for(lambda: started.exists() or owner.poll() is not None, 20)
+    assert owner.poll() is None, log_of(owner)
     owner.kill()
     owner.wait()
-    wait_for(lambda: job(root, jid).state is State.READY, 8)
+    # promptly: well before the sweep every SWEEP_EVERY (30 s) would find it anyway
+    wait_for(lambda: job(root, jid).state is State.READY, 12)
     assert watcher.poll() is None, log_of(watcher)
+    evidence = [f["evidence"] for f in job(root, jid).frames if "evidence" in f]
+    assert evidence and {e["evidence"] for e in evidence} == {"lease_expired"}, dump(root)

@@ -16,6 +16,7 @@ from hostile.support import handle_of, job_now, plant_frame
 from manager.support import (
     ManagerProcess,
     Managers,
+    beats,
     dump,
     log_of,
     marker_keys,
@@ -30,9 +31,15 @@ from httk_flow.protocol.workspace import Workspace
 NFS_FLOW = str(Path(__file__).with_name("nfs_flow.py"))
 
 #: appends its job id to the shared file $FLOW_PARAM_runs (one line per execution); its
-#: first attempt takes $FLOW_PARAM_sleep seconds, any later one ends at once
+#: first attempt takes $FLOW_PARAM_sleep seconds (the scene: a job that runs a while), any
+#: later one ends at once. With $FLOW_PARAM_gate it first notes its manager's pid ($PPID,
+#: the manager that launched it) in $FLOW_PARAM_holders and waits for the gate file
 COUNTED = r"""
 echo "$FLOW_JOB_ID $FLOW_ATTEMPT_ID" >> "$FLOW_PARAM_runs"
+if [ -n "${FLOW_PARAM_gate:-}" ]; then
+    echo "$PPID" >> "$FLOW_PARAM_holders"
+    until [ -e "$FLOW_PARAM_gate" ]; do sleep 0.05; done
+fi
 [ "$FLOW_ATTEMPT_ID" = a0001 ] && sleep "${FLOW_PARAM_sleep:-0.3}"
 publish '{"action":"succeed"}'
 """
@@ -64,14 +71,26 @@ def model_counts(p: ManagerProcess) -> dict[str, int]:
 def test_two_managers_through_late_names_and_lying_renames_run_each_job_once(
     root: str, scripts: Path, managers: Managers, tmp_path: Path
 ) -> None:
-    runs = tmp_path / "runs"
+    runs, holders, gate = tmp_path / "runs", tmp_path / "holders", tmp_path / "gate"
     prog = write_script(scripts, "counted.sh", COUNTED)
-    ids = submit(root, prog, count=24, params={"runs": str(runs)})
+    params = {"runs": str(runs), "holders": str(holders), "gate": str(gate)}
+    ids = submit(root, prog, count=24, params=params)
     model = {"late": 0.5, "lying_renames": "markers"}
     ps = [
         start(managers, root, host, model, "run", "--workers", "2", "--idle", "3s")
         for host in ("node-a", "node-b")
     ]
+    # both managers race for the markers: the first jobs hold their workers until each
+    # manager runs one (a manager whose 2 workers are taken claims nothing more), so the
+    # race does not depend on which manager the scheduler starts first
+    pids = {str(p.pid) for p in ps}
+
+    def holding() -> set[str]:
+        return set(holders.read_text().split()) if holders.exists() else set()
+
+    wait_for(lambda: holding() >= pids or any(p.poll() is not None for p in ps), 60)
+    assert holding() >= pids, [log_of(p) for p in ps]
+    gate.touch()
     for p in ps:
         assert p.wait(90) in (0, 1), log_of(p)
         assert "Traceback" not in log_of(p), log_of(p)
@@ -85,7 +104,7 @@ def test_two_managers_through_late_names_and_lying_renames_run_each_job_once(
     assert all(c["lies"] > 0 for c in counts), counts
     assert sum(c["hidden"] for c in counts) > 0, counts
     served = Counter(job_now(root, j).attempts[0]["manager"] for j in ids)
-    assert len(served) == 2, f"one manager served everything: {served}"
+    assert len(served) == 2, f"the gate let one manager serve everything: {served}"
 
 
 def _plant_dead_manager_with_persistent_work(root: str, prog: str) -> None:
@@ -122,7 +141,11 @@ def test_a_manager_seen_late_keeps_its_running_job(
     late = {"late": 0.2, "late_dirs": {f"{os.sep}.flow{os.sep}managers": 6}}
     a = start(managers, root, "node-a", late, "serve", "--lease", "1s", "--workers", "1")
     wait_for(lambda: len(list((Path(root) / ".flow" / "managers").iterdir())) >= 2, 20)
-    time.sleep(1)  # A has listed the managers once: B's directory will be new to it
+    # A has listed the managers once, so B's directory will be new to it: A's first
+    # heartbeat writes seq 1 (up to 3 on a slow disk), then its loop heartbeats right
+    # before its first reading of the managers; a seq of 5 comes after that reading
+    wait_for(lambda: beats(root, a) >= 5 or a.poll() is not None, 20)
+    assert a.poll() is None, log_of(a)
     [x] = submit(root, prog, pool="b", workdir="isolated", params={"runs": str(runs), "sleep": "4"})
     b = start(
         managers, root, "node-b", {}, "serve", "--pool", "b", "--lease", "1s", "--workers", "1"

@@ -146,6 +146,25 @@ def holds(predicate: Callable[[], object], seconds: float, interval: float = 0.1
         time.sleep(interval)
 
 
+def holds_until(
+    predicate: Callable[[], object],
+    until: Callable[[], object],
+    timeout: float,
+    interval: float = 0.05,
+) -> None:
+    """Assert that `predicate` holds at every look until `until()` is true: until a positive
+    sign that whatever could break it has had its chance (a manager's passes, say), not for
+    a while. Fails if `until` is not met within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert predicate(), f"stopped holding: {predicate!r}"
+        if until():
+            assert predicate(), f"stopped holding: {predicate!r}"
+            return
+        assert time.monotonic() < deadline, f"not seen within {timeout} s: {until!r}"
+        time.sleep(interval)
+
+
 def live_processes(pids: set[int] | None = None, pgid: int | None = None) -> list[int]:
     """Pids (from `pids`, or of process group `pgid`) that exist and are not zombies."""
     return [

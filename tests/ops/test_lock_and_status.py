@@ -9,9 +9,9 @@ import socket
 from pathlib import Path
 
 from helpers import wait_for
-from manager.support import Managers, log_of
+from manager.support import Managers, beats, log_of
 
-from .support import Flow, holds, wait_state
+from .support import Flow, holds_until, wait_state
 
 NO_MANAGER = "no live manager; start one with `flow serve` or `flow run`"
 
@@ -29,12 +29,20 @@ def test_while_the_lock_is_held_a_running_manager_launches_nothing(
     flow: Flow, managers: Managers
 ) -> None:
     assert flow.ok("lock", "--reason", "upgrade") == lock_reason("upgrade", "taken") + "\n"
-    p = managers.start(flow.root, command="serve", workers=2)
+    p = managers.start(flow.root, "--lease", "1s", command="serve", workers=2)
     for t in ("a", "b"):
         flow.submit("--tag", t, "true")
     wait_for(lambda: counts(flow) == {"ready": 2} or p.poll() is not None, 20)
     assert p.poll() is None, log_of(p)
-    holds(lambda: counts(flow) == {"ready": 2}, 1.5)  # the manager ticks, and claims nothing
+    # the manager ticks (its loop heartbeats six more times: 5 thirds of its 1 s lease,
+    # passes over the two ready jobs), and claims nothing
+    start = beats(flow.root, p)
+    holds_until(
+        lambda: counts(flow) == {"ready": 2},
+        lambda: beats(flow.root, p) >= start + 6 or p.poll() is not None,
+        timeout=60,
+    )
+    assert p.poll() is None, log_of(p)
     status = flow.json("status")
     assert status["blocked"] == [{"reason": lock_reason("upgrade"), "count": 2}]
     assert [m["alive"] for m in status["managers"]] == [True]

@@ -64,12 +64,15 @@ def test_wait_blocks_until_a_running_job_ends(
     p = managers.start(flow.root, command="serve", workers=1)
     run = flow.job_dir(job) / "run"
     wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    # a wait that watched the running job for a whole second did not return: it timed out
+    r = flow("wait", "slow", "--timeout", "1")
+    timed_out = "0/1 done: 0 succeeded, 0 failed, 0 cancelled (timed out)\n"
+    assert (r.exit_code, r.output) == (3, timed_out)
     waiter = subprocess.Popen(
         [*FLOW, "-w", flow.root, "wait", "slow", "--timeout", "60"],
         stdout=subprocess.PIPE,
         text=True,
     )
-    holds(lambda: waiter.poll() is None, 1.0)
     (run / "release").touch()
     out, _ = waiter.communicate(timeout=20)
     assert (waiter.returncode, out) == (0, "1/1 done: 1 succeeded, 0 failed, 0 cancelled\n")
