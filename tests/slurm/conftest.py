@@ -18,16 +18,19 @@ def slurm_cluster() -> Cluster:
 
 @pytest.fixture(autouse=True)
 def _cluster_for_slurm_tests(request: pytest.FixtureRequest) -> Iterator[Cluster | None]:
-    """Tests marked `slurm` get the cluster, and lose every job they submitted."""
+    """Tests marked `slurm` get the cluster, and lose every job they submitted (those
+    that run or write in the test's own directory: nobody else's)."""
     if request.node.get_closest_marker("slurm") is None:
         yield None
         return
     cluster: Cluster = request.getfixturevalue("slurm_cluster")
+    # the test's own directory: its workspaces, scripts and batch logs live there
+    root = str(request.getfixturevalue("tmp_path"))
     first = cluster.next_job_id()
     try:
         yield cluster
     finally:
-        cluster.cancel_since(first)
+        cluster.cancel_since(first, root)
 
 
 @pytest.fixture

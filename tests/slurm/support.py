@@ -60,6 +60,13 @@ class Job:
     id: int
     state: str
     name: str
+    workdir: str = ""
+    stdout: str = ""
+
+    def under(self, root: str) -> bool:
+        """Whether the job runs or writes in `root` (a test's own directory)."""
+        top = os.path.join(os.path.realpath(root), "")
+        return any(os.path.realpath(p).startswith(top) for p in (self.workdir, self.stdout) if p)
 
     @property
     def live(self) -> bool:
@@ -70,15 +77,15 @@ class Cluster:
     """The queue as the tests see it (through the real client commands)."""
 
     def jobs(self, name: str | None = None) -> list[Job]:
-        argv = ["squeue", "-h", "-t", "all", "-o", "%i|%T|%j"]
+        argv = ["squeue", "-h", "-t", "all", "-o", "%i|%T|%Z|%o|%j"]
         if name:
             argv += ["--name", name]
         p = run(*argv)
         assert p.returncode == 0, p.stderr
         out = []
         for line in p.stdout.splitlines():
-            job_id, state, job_name = line.strip().split("|", 2)
-            out.append(Job(int(job_id), state, job_name))
+            job_id, state, workdir, stdout, job_name = line.strip().split("|", 4)
+            out.append(Job(int(job_id), state, job_name, workdir, stdout))
         return sorted(out, key=lambda j: j.id)
 
     def next_job_id(self) -> int:
@@ -114,13 +121,19 @@ class Cluster:
         p = run("scancel", "-b", "-s", "TERM", str(job_id))
         assert p.returncode == 0, p.stderr
 
-    def cancel_since(self, first: int, timeout: float = 90) -> None:
-        """Cancel every job submitted since `first` and wait until none holds a node."""
-        live = [j for j in self.since(first) if j.live]
+    def cancel_since(self, first: int, root: str, timeout: float = 90) -> None:
+        """Cancel every job submitted since `first` that runs or writes under `root` (the
+        test's own directory: other work on the cluster is left alone), and wait until
+        none of them holds a node."""
+
+        def mine() -> list[Job]:
+            return [j for j in self.since(first) if j.live and j.under(root)]
+
+        live = mine()
         if live:
             run("scancel", *[str(j.id) for j in live])
         deadline = time.monotonic() + timeout
-        while [j for j in self.since(first) if j.live] and time.monotonic() < deadline:
+        while mine() and time.monotonic() < deadline:
             time.sleep(0.5)
 
 
