@@ -18,7 +18,13 @@ def _line(r: StatusReport, elapsed: float) -> str:
 
 @click.command("demo")
 @click.argument("path", default="flow-demo", type=click.Path(file_okay=False))
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Attempts the demo's manager runs at once.",
+)
 @click.pass_obj
 def demo_cmd(app: App, /, path: str, workers: int) -> None:
     """Build a workspace with an example campaign in PATH and run it.

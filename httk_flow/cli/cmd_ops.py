@@ -65,22 +65,40 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
     )
 
 
+def _lock_doc(held: maintenance.MaintenanceLock) -> dict[str, object]:
+    return {
+        "user": held.user,
+        "host": held.host,
+        "since": held.since,
+        "reason": held.reason,
+        "stale": held.stale,
+    }
+
+
 @click.command("lock")
 @click.option("--reason", default="", help="Shown to everyone who looks.")
+@click.option("--json", "as_json", is_flag=True, help="Print the lock as a JSON document.")
 @workspace_option
 @click.pass_obj
-def lock(app: App, /, reason: str) -> None:
+def lock(app: App, /, reason: str, as_json: bool) -> None:
     """Take the maintenance lock: managers launch nothing new while it is held."""
     held = maintenance.acquire(app.ws, reason)
+    if as_json:
+        app.json({"lock": _lock_doc(held)})
+        return
     app.echo(f"maintenance lock taken ({held.describe()}); release it with `flow unlock`")
 
 
 @click.command("unlock")
+@click.option("--json", "as_json", is_flag=True, help="Print whether a lock was released.")
 @workspace_option
 @click.pass_obj
-def unlock(app: App, /) -> None:
+def unlock(app: App, /, as_json: bool) -> None:
     """Release the maintenance lock."""
-    if maintenance.release(app.ws):
+    released = maintenance.release(app.ws)
+    if as_json:
+        app.json({"released": released})
+    elif released:
         app.echo("maintenance lock released")
     else:
         app.echo("no maintenance lock was held")

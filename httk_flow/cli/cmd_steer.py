@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -18,6 +19,21 @@ from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
 
 STATE_NAMES = [s.value for s in State]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+#: the states in which a bulk selection (--state/--all) would change a job; others are
+#: left out of the count and of the run (cancelling a finished job changes nothing)
+_CHANGES: dict[str, frozenset[State]] = {
+    "cancel": frozenset(State) - {State.SUCCEEDED, State.CANCELLED, State.CANCELLING},
+    "pause": frozenset(
+        {State.READY, State.WAITING, State.CLAIMED, State.RUNNING, State.COMMITTING}
+    ),
+    "resume": frozenset({State.PAUSED, State.FAILED}),
+    "reprioritise": frozenset(
+        {State.READY, State.WAITING, State.PAUSED, State.CLAIMED, State.RUNNING, State.COMMITTING}
+    ),
+}
 
 
 def _select(
@@ -32,36 +48,76 @@ def _select(
         raise UsageError("name at least one JOB (or --state KIND / --all)", obj=f"flow {verb}")
     sel = tuple(State(s) for s in states) if states else tuple(State)
     found = list(jobs.all_jobs(ws, sel))
-    if found and app.is_terminal and not yes:
-        click.confirm(f"{verb} {len(found)} job(s)?", abort=True, err=True)
-    return found
+    changing = [h for h in found if h.state in _CHANGES[verb]]
+    if changing and app.is_terminal and not yes:
+        left = len(found) - len(changing)
+        rest = f" ({left} other job(s) left as they are)" if left else ""
+        click.confirm(f"{verb} {len(changing)} job(s){rest}?", abort=True, err=True)
+    return changing
 
 
 def _apply(
-    app: App, handles: list[JobHandle], fn: Callable[[Workspace, JobHandle], steering.SteerResult]
+    app: App,
+    handles: list[JobHandle],
+    fn: Callable[[Workspace, JobHandle], steering.SteerResult],
+    *,
+    as_json: bool = False,
+    quiet: bool = False,
 ) -> None:
+    """Steer each job; one line per job (none with --quiet), or one JSON document."""
     ws = app.ws
     codes: set[int] = set()
+    done: list[dict[str, object]] = []
+    errors: list[dict[str, object]] = []
     for h in handles:
         try:
             r = fn(ws, h)
         except FlowError as e:
             codes.add(e.exit_code)
-            app.error(e)
+            if as_json:
+                errors.append({"job": h.key, "error": e.render(), "exit_code": e.exit_code})
+            else:
+                app.error(e)
             continue
-        note = f" ({r.note})" if r.note else ""
-        app.echo(f"{r.key}: {r.before.value} -> {r.after.value}{note}")
+        row: dict[str, object] = {
+            "id": h.job_id,
+            "key": r.key,
+            "from": r.before.value,
+            "to": r.after.value,
+        }
+        if r.note:
+            row["note"] = r.note
+        done.append(row)
+        if not as_json and not quiet:
+            note = f" ({r.note})" if r.note else ""
+            app.echo(f"{r.key}: {r.before.value} -> {r.after.value}{note}")
+    if as_json:
+        app.json({"jobs": done, "errors": errors})
     if codes:
         # 2 when every refusal was bad input, 1 when an operation failed
         raise SystemExit(1 if 1 in codes else 2)
 
 
+def _reporting(f: F) -> F:
+    """--json and -q/--quiet of the steering commands."""
+    f = click.option(
+        "--quiet", "-q", is_flag=True, help="Print nothing but errors (the exit status tells)."
+    )(f)
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print what changed as one JSON document."
+    )(f)
+
+
+_STATE_HELP = "Every job in this state (repeatable)."
+
+
 @click.command("cancel")
 @click.argument("idents", nargs=-1, metavar="[JOB]...")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES), help=_STATE_HELP)
 @click.option("--all", "all_", is_flag=True, help="Every job.")
 @click.option("--reason", default="", help="Recorded in the job's history.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_reporting
 @workspace_option
 @click.pass_obj
 def cancel(
@@ -72,32 +128,50 @@ def cancel(
     all_: bool,
     reason: str,
     yes: bool,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Cancel jobs; a running job is fenced and its process group stopped."""
     handles = _select(app, idents, states, all_, "cancel", yes)
-    _apply(app, handles, lambda ws, h: steering.cancel(ws, h, reason))
+    _apply(app, handles, lambda ws, h: steering.cancel(ws, h, reason), as_json=as_json, quiet=quiet)
 
 
 @click.command("pause")
 @click.argument("idents", nargs=-1, metavar="[JOB]...")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES), help=_STATE_HELP)
 @click.option("--all", "all_", is_flag=True, help="Every job.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_reporting
 @workspace_option
 @click.pass_obj
 def pause(
-    app: App, /, idents: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
+    app: App,
+    /,
+    idents: tuple[str, ...],
+    states: tuple[str, ...],
+    all_: bool,
+    yes: bool,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Pause jobs (a running job pauses when its attempt ends)."""
-    _apply(app, _select(app, idents, states, all_, "pause", yes), steering.pause)
+    handles = _select(app, idents, states, all_, "pause", yes)
+    _apply(app, handles, steering.pause, as_json=as_json, quiet=quiet)
 
 
 @click.command("resume")
 @click.argument("idents", nargs=-1, metavar="[JOB]...")
 @click.option("--step", default=None, help="Continue at this step.")
-@click.option("--state", "states", multiple=True, type=click.Choice(["paused", "failed"]))
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["paused", "failed"]),
+    help="Every paused (or failed) job (repeatable).",
+)
 @click.option("--all", "all_", is_flag=True, help="Every paused or failed job.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_reporting
 @workspace_option
 @click.pass_obj
 def resume(
@@ -108,6 +182,8 @@ def resume(
     states: tuple[str, ...],
     all_: bool,
     yes: bool,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Continue paused or failed jobs."""
     if step is not None:
@@ -115,18 +191,26 @@ def resume(
     if all_ and not states:
         states, all_ = ("paused", "failed"), False
     handles = _select(app, idents, states, all_, "resume", yes)
-    _apply(app, handles, lambda ws, h: steering.resume(ws, h, step))
+    _apply(app, handles, lambda ws, h: steering.resume(ws, h, step), as_json=as_json, quiet=quiet)
 
 
 @click.command("priority")
 @click.argument("args", nargs=-1, required=True, metavar="[JOB]... N")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
+@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES), help=_STATE_HELP)
 @click.option("--all", "all_", is_flag=True, help="Every job.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_reporting
 @workspace_option
 @click.pass_obj
 def priority(
-    app: App, /, args: tuple[str, ...], states: tuple[str, ...], all_: bool, yes: bool
+    app: App,
+    /,
+    args: tuple[str, ...],
+    states: tuple[str, ...],
+    all_: bool,
+    yes: bool,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Change the priority of jobs (0-999, higher first); a running job's applies when
     its attempt ends."""
@@ -134,10 +218,9 @@ def priority(
         raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
     n = names.check_priority(int(args[-1]))
     handles = _select(app, args[:-1], states, all_, "reprioritise", yes)
-    if states or all_:
-        # a finished job has no priority to change: skip it rather than refuse it
-        handles = [h for h in handles if not h.state.is_terminal]
-    _apply(app, handles, lambda ws, h: steering.set_priority(ws, h, n))
+    _apply(
+        app, handles, lambda ws, h: steering.set_priority(ws, h, n), as_json=as_json, quiet=quiet
+    )
 
 
 @click.command("requests")
@@ -222,13 +305,26 @@ def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: b
 @click.argument("ident", metavar="JOB")
 @click.option("--stderr", is_flag=True, help="Show stderr instead of stdout.")
 @click.option("--attempt", type=int, default=None, help="Attempt number (default: last).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing until the attempt ends.")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing until the attempt ends (waiting for the first one to start).",
+)
 @workspace_option
 @click.pass_obj
 def logs(app: App, /, ident: str, stderr: bool, attempt: int | None, follow: bool) -> None:
     """Print an attempt's output."""
     ws = app.ws
+    job = lookup.find(ws, ident)
     for chunk in read_log(
-        ws, lookup.find(ws, ident), stderr=stderr, attempt=attempt, follow=follow
+        ws,
+        job,
+        stderr=stderr,
+        attempt=attempt,
+        follow=follow,
+        on_wait=lambda: app.echo(
+            f"flow: waiting for the first attempt of job {job.key} ({job.state.value})", err=True
+        ),
     ):
         app.write(chunk)

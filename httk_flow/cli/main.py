@@ -40,6 +40,18 @@ COMMANDS = {
 }
 
 
+#: how `flow --help` groups the commands, in this order; a command a backend adds (or
+#: one missing here) is listed under "Cluster"
+SECTIONS = {
+    "Submit": ("init", "submit", "demo"),
+    "Run": ("serve", "run"),
+    "Inspect": ("status", "list", "show", "history", "logs", "wait", "managers", "requests"),
+    "Steer": ("cancel", "pause", "resume", "priority"),
+    "Maintain": ("fsck", "gc", "lock", "unlock"),
+    "Cluster": ("allocations", "scale"),
+}
+
+
 def load(name: str) -> click.Command:
     """The click command COMMANDS names for `name`."""
     mod, attr = COMMANDS[name].split(":")
@@ -66,6 +78,24 @@ class LazyGroup(FlowGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*COMMANDS, *self._backend_commands()])
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands in sections (Submit, Run, Inspect, ...), each with its short help."""
+        names = self.list_commands(ctx)
+        placed = {n for group in SECTIONS.values() for n in group}
+        for title, group in SECTIONS.items():
+            members = [n for n in group if n in names]
+            if title == "Cluster":
+                members = [n for n in names if n not in placed] + members
+            rows = []
+            limit = formatter.width - 6 - max((len(n) for n in names), default=0)
+            for n in members:
+                cmd = self.get_command(ctx, n)
+                if cmd is not None and not cmd.hidden:
+                    rows.append((n, cmd.get_short_help_str(limit=limit)))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @workspace_option
@@ -84,7 +114,13 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         raise SystemExit(e.exit_code) from None
-    except click.Abort:
+    except click.Abort as e:
+        if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+            app.echo("flow: interrupted", err=True)
+            raise SystemExit(130) from None  # 128 + SIGINT, as the shell reports it
         app.echo("flow: aborted", err=True)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        app.echo("flow: interrupted", err=True)
+        raise SystemExit(130) from None
     raise SystemExit(code if isinstance(code, int) else 0)

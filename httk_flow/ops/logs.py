@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from httk_flow.errors import UsageError
 from httk_flow.ops.lookup import view
@@ -31,6 +31,29 @@ def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
     return layout.attempt_dir(ws.job_dir(job.placement, job.key), n)
 
 
+def first_attempt(
+    ws: Workspace, job: JobHandle, *, interval: float = 0.3, on_wait: Callable[[], None]
+) -> JobHandle:
+    """Wait until the job has started an attempt (as `tail -F` waits for its file), and
+    return where it is then; `on_wait` is called once, if it has to wait. A job that ends
+    without ever running is an error."""
+    waited = False
+    while True:
+        now = locate_key(ws, job.placement, job.key) or job
+        if view(ws, now).attempts:
+            return now
+        if now.state.is_terminal:
+            raise UsageError(
+                f"ended {now.state.value} without running",
+                obj=f"job {job.key}",
+                hint="see `flow show`",
+            )
+        if not waited:
+            on_wait()
+            waited = True
+        time.sleep(interval)
+
+
 def read_log(
     ws: Workspace,
     job: JobHandle,
@@ -39,8 +62,12 @@ def read_log(
     attempt: int | None = None,
     follow: bool = False,
     interval: float = 0.3,
+    on_wait: Callable[[], None] = lambda: None,
 ) -> Iterator[bytes]:
-    """Chunks of the attempt's stdout (or stderr); with follow, until the job leaves it."""
+    """Chunks of the attempt's stdout (or stderr); with follow, until the job leaves it
+    (and, for a job that has not started, from its first attempt on)."""
+    if follow and attempt is None:
+        job = first_attempt(ws, job, interval=interval, on_wait=on_wait)
     adir = attempt_dir(ws, job, attempt)
     path = layout.stderr_file(adir) if stderr else layout.stdout_file(adir)
     if not os.path.exists(path):
