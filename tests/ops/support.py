@@ -13,15 +13,21 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+import pytest
 from click.testing import CliRunner, Result
 from helpers import processes
 
 from httk_flow.cli.main import cli
+from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 FLOW = [sys.executable, "-m", "httk_flow"]
+
+T = TypeVar("T")
 
 #: a two-step bash runner: `main` waits for $FLOW_WORKDIR/release, then advances to `two`
 ADVANCE_ON_RELEASE = """#!/usr/bin/env bash
@@ -179,3 +185,39 @@ def follow(root: str, ident: str, out: Path) -> subprocess.Popen[bytes]:
     """`flow logs --follow` as a process writing to `out`."""
     with open(out, "wb") as fh:
         return subprocess.Popen([*FLOW, "-w", root, "logs", ident, "--follow"], stdout=fh)
+
+
+#: a move another actor makes, with a workspace of its own
+Move = Callable[[Workspace], None]
+
+
+def walk_while_moving(
+    root: str, stream: str, after: State, move: Move, walk: Callable[[Workspace], T]
+) -> T:
+    """`walk(ws)` (fsck, gc: anything that lists the markers state by state), with the
+    MarkerStream it lists them with (`stream`, the dotted name it is looked up by) replaced:
+    once it has walked the markers of state `after`, `move` is called once with a workspace
+    of its own (another actor steering a job at that moment). Returns what `walk` returns;
+    fails if the walk never listed `after`."""
+
+    class Choreographed(MarkerStream):
+        def close(self) -> None:
+            super().close()
+            if self.state is after and not done:
+                done.append(True)
+                other = Workspace.open(root)
+                try:
+                    move(other)
+                finally:
+                    other.close()
+
+    done: list[bool] = []
+    ws = Workspace.open(root)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stream, Choreographed)
+            result = walk(ws)
+    finally:
+        ws.close()
+    assert done, f"the walk never listed {after.value}"
+    return result

@@ -23,7 +23,6 @@ from httk_flow.cli.main import cli as cli_main
 from httk_flow.ops import steering
 from httk_flow.ops.fsck import Fsck
 from httk_flow.protocol import leases
-from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.frames import AttemptRecord, Body, Snapshot
 from httk_flow.protocol.leases import ManagerInfo
 from httk_flow.protocol.names import Marker, RecordRef
@@ -31,7 +30,7 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
-from .support import FLOW, Flow, patch_policy
+from .support import FLOW, Flow, patch_policy, walk_while_moving
 
 TWO_HOURS = 2 * 3600.0
 NOT_A_MARKER = "is not a marker of the grammar (or not a file)"
@@ -220,27 +219,13 @@ def fsck_while(
 ) -> list[dict[str, object]]:
     """Run fsck; once it has walked the markers of state `after`, call `move(ws)` (another
     actor steering a job at that moment). Returns the problems found."""
-
-    class Choreographed(MarkerStream):
-        def close(self) -> None:
-            super().close()
-            if self.state is after and not done:
-                done.append(True)
-                other = Workspace.open(root)
-                try:
-                    move(other)
-                finally:
-                    other.close()
-
-    done: list[bool] = []
-    ws = Workspace.open(root)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("httk_flow.ops.fsck.MarkerStream", Choreographed)
-            report = Fsck(ws, repair=repair).run()
-    finally:
-        ws.close()
-    assert done, f"fsck never walked {after.value}"
+    report = walk_while_moving(
+        root,
+        "httk_flow.ops.fsck.MarkerStream",
+        after,
+        move,
+        lambda ws: Fsck(ws, repair=repair).run(),
+    )
     return [p.to_json() for p in report.problems]
 
 
