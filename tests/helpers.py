@@ -19,6 +19,22 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
 
+#: every state kind's name in the protocol's order (the order of `flow status --json`'s
+#: counts), spelled out so that a state renamed, added or moved fails the tests naming them
+STATE_NAMES = [
+    "submitted",
+    "ready",
+    "claimed",
+    "running",
+    "committing",
+    "waiting",
+    "paused",
+    "cancelling",
+    "succeeded",
+    "failed",
+    "cancelled",
+]
+
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> object:
     """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
