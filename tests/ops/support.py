@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 from click.testing import CliRunner, Result
-from helpers import processes
+from helpers import processes, wait_for
+from manager.support import ManagerProcess, Managers, log_of
 
 from httk_flow.cli.main import cli
 from httk_flow.protocol.discovery import MarkerStream
@@ -130,6 +131,19 @@ class Flow:
         ]
         assert len(found) == 1, found
         return found[0]
+
+
+def serve_until_started(
+    flow: Flow, managers: Managers, *submit_args: str
+) -> tuple[dict[str, str], ManagerProcess, Path]:
+    """Submit one job (`flow submit ARGS`) and serve it (`flow serve`, one worker) until its
+    attempt has touched $FLOW_WORKDIR/started: the job, its manager and that workdir."""
+    job = flow.submit(*submit_args)
+    p = managers.start(flow.root, command="serve", workers=1)
+    run = flow.job_dir(job) / "run"
+    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    assert p.poll() is None, log_of(p)
+    return job, p, run
 
 
 def wait_state(flow: Flow, ident: str, states: set[str], timeout: float = 20) -> str:
