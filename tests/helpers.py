@@ -1,11 +1,13 @@
-"""Shared helpers for the test suite: waiting without bare sleeps, making jobs fast, and
-reading the processes of this host (the one /proc reader of the tests)."""
+"""Shared helpers for the test suite: waiting without bare sleeps, making jobs fast, a
+manager in this process, and reading the processes of this host (the one /proc reader of
+the tests)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from httk_flow.manager.config import ManagerConfig
+from httk_flow.manager.loop import Manager
 from httk_flow.protocol.names import Marker, RecordRef, new_id
 from httk_flow.protocol.procs import _stat_fields
 from httk_flow.protocol.states import State
@@ -46,6 +50,23 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
         if time.monotonic() >= deadline:
             raise AssertionError(f"condition not met within {timeout} s: {predicate!r}")
         time.sleep(interval)
+
+
+def serve_in_process(ws: Workspace, *, idle: float = 0.0) -> tuple[Manager, int]:
+    """Run a manager (two workers, quiet) in this process on `ws` until it has been idle for
+    `idle` s; one that is not idle within a minute is stopped, and fails the test. The
+    manager, and its exit status."""
+    manager = Manager(
+        ws, ManagerConfig(workers=2, exit_when_idle=idle, poll_interval=0.05, verbose=False)
+    )
+    watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
+    watchdog.start()
+    try:
+        rc = manager.run(install_signals=False)
+    finally:
+        watchdog.cancel()
+    assert not manager._stop_now, "the manager did not become idle within a minute"
+    return manager, rc
 
 
 def plant_marker(
