@@ -1,6 +1,6 @@
 """Shared helpers for the test suite: waiting without bare sleeps, making jobs fast, a
-manager in this process, and reading the processes of this host (the one /proc reader of
-the tests)."""
+manager in this process, reading an attempt's outcome, and reading the processes of this
+host (the one /proc reader of the tests)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
 from httk_flow.protocol.names import Marker, RecordRef, new_id
+from httk_flow.protocol.outcome import Action, JoinMode, Outcome, read_outcome
 from httk_flow.protocol.procs import _stat_fields
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
@@ -92,6 +93,21 @@ def plant_marker(
     with open(path, "xb"):
         pass
     return handle
+
+
+def waiting_outcome(attempt: Path, step: str, join: JoinMode, on_impossible: str | None) -> Outcome:
+    """The outcome the attempt (its control directory) published, which must be a wait at
+    `step` on a `join` join of its children, going on at `on_impossible` if that cannot be
+    met."""
+    out = read_outcome(str(attempt))
+    assert out is not None
+    assert (out.action, out.step, out.join, out.on_impossible) == (
+        Action.WAIT,
+        step,
+        join,
+        on_impossible,
+    )
+    return out
 
 
 def markers_in(ws: Workspace, state: State) -> list[str]:
