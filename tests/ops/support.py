@@ -7,7 +7,6 @@ through tests/manager/support.py's Managers (with its OrphanReaper as the subrea
 
 from __future__ import annotations
 
-import stat
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import orjson
 import pytest
 from click.testing import CliRunner, Result
 from helpers import processes, wait_for
-from manager.support import ManagerProcess, Managers, log_of
+from manager.support import ManagerProcess, Managers, log_of, write_program
 
 from httk_flow.cli.main import cli
 from httk_flow.protocol.discovery import MarkerStream
@@ -67,13 +66,9 @@ fi
 """
 
 
-def write_script(directory: Path, name: str, body: str) -> str:
-    """An executable job script (its own #! line) in `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    path.write_text(body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return str(path)
+#: write_script(directory, name, body): an executable job script (its own #! line) in
+#: `directory`, its path
+write_script = write_program
 
 
 def patch_policy(root: str, **policy: object) -> None:
