@@ -1,5 +1,6 @@
 """Fixtures shared by every test: an isolated environment, fresh workspaces (an open one,
-or the path of one with short retry backoffs), programs, and managers reaped at teardown."""
+the path of one with short retry backoffs, or of one made by `flow init`), click's runner,
+programs, and managers reaped at teardown."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, settings
 from manager.support import Managers, OrphanReaper, make_workspace
 
+from httk_flow.cli.main import cli
 from httk_flow.protocol import fsio
 from httk_flow.protocol.submit import Submitter
 from httk_flow.protocol.workspace import Workspace
@@ -91,6 +94,23 @@ def submitter(ws: Workspace) -> Submitter:
 def root(tmp_path: Path) -> str:
     """A fresh workspace (its path) whose retries back off for 0.2 s, doubling to 2 s."""
     return make_workspace(tmp_path / "ws")
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """click's runner for `flow` in this process: colour off, at a fixed width."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "120")
+    return CliRunner()
+
+
+@pytest.fixture
+def initialised(runner: CliRunner, tmp_path: Path) -> str:
+    """A fresh workspace (its path) made by `flow init`, with the policy it writes."""
+    path = str(tmp_path / "ws")
+    r = runner.invoke(cli, ["init", path])
+    assert r.exit_code == 0, r.output
+    return path
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
-"""Shared helpers for the test suite: waiting without bare sleeps, making jobs fast, and
-reading the processes of this host (the one /proc reader of the tests)."""
+"""Shared helpers for the test suite: waiting without bare sleeps, making jobs fast, a
+manager in this process, reading an attempt's outcome, and reading the processes of this
+host (the one /proc reader of the tests)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,11 +15,30 @@ from pathlib import Path
 
 import pytest
 
+from httk_flow.manager.config import ManagerConfig
+from httk_flow.manager.loop import Manager
 from httk_flow.protocol.names import Marker, RecordRef, new_id
+from httk_flow.protocol.outcome import Action, JoinMode, Outcome, read_outcome
 from httk_flow.protocol.procs import _stat_fields
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
+
+#: every state kind's name in the protocol's order (the order of `flow status --json`'s
+#: counts), spelled out so that a state renamed, added or moved fails the tests naming them
+STATE_NAMES = [
+    "submitted",
+    "ready",
+    "claimed",
+    "running",
+    "committing",
+    "waiting",
+    "paused",
+    "cancelling",
+    "succeeded",
+    "failed",
+    "cancelled",
+]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> object:
@@ -30,6 +51,23 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
         if time.monotonic() >= deadline:
             raise AssertionError(f"condition not met within {timeout} s: {predicate!r}")
         time.sleep(interval)
+
+
+def serve_in_process(ws: Workspace, *, idle: float = 0.0) -> tuple[Manager, int]:
+    """Run a manager (two workers, quiet) in this process on `ws` until it has been idle for
+    `idle` s; one that is not idle within a minute is stopped, and fails the test. The
+    manager, and its exit status."""
+    manager = Manager(
+        ws, ManagerConfig(workers=2, exit_when_idle=idle, poll_interval=0.05, verbose=False)
+    )
+    watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
+    watchdog.start()
+    try:
+        rc = manager.run(install_signals=False)
+    finally:
+        watchdog.cancel()
+    assert not manager._stop_now, "the manager did not become idle within a minute"
+    return manager, rc
 
 
 def plant_marker(
@@ -55,6 +93,21 @@ def plant_marker(
     with open(path, "xb"):
         pass
     return handle
+
+
+def waiting_outcome(attempt: Path, step: str, join: JoinMode, on_impossible: str | None) -> Outcome:
+    """The outcome the attempt (its control directory) published, which must be a wait at
+    `step` on a `join` join of its children, going on at `on_impossible` if that cannot be
+    met."""
+    out = read_outcome(str(attempt))
+    assert out is not None
+    assert (out.action, out.step, out.join, out.on_impossible) == (
+        Action.WAIT,
+        step,
+        join,
+        on_impossible,
+    )
+    return out
 
 
 def markers_in(ws: Workspace, state: State) -> list[str]:

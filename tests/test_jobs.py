@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 from helpers import markers_in
@@ -42,30 +43,31 @@ def population(ws: Workspace, submitter: Submitter) -> dict[str, JobSpec]:
     }
 
 
-@pytest.mark.parametrize("which", ["plain", "tagged", "placed", "placed_tagged"])
-def test_a_job_is_found_by_its_full_id(
-    ws: Workspace, population: dict[str, JobSpec], which: str
+#: the jobs of `population` without a twin
+SINGLES = ["plain", "tagged", "placed", "placed_tagged"]
+
+#: what a user may type to name a job: its id (white space around it ignored), its key, or
+#: a prefix of its id of eight or more characters
+TYPED: dict[str, Callable[[JobSpec], str]] = {
+    "id": lambda spec: spec.id,
+    "padded_id": lambda spec: f"  {spec.id}\n",
+    "key": lambda spec: spec.key,
+    "prefix_8": lambda spec: spec.id[:8],
+    "prefix_12": lambda spec: spec.id[:12],
+    "prefix_31": lambda spec: spec.id[:31],
+}
+
+
+@pytest.mark.parametrize(
+    ("which", "typed"),
+    [(which, typed) for typed in ("id", "padded_id", "key") for which in SINGLES]
+    + [(which, f"prefix_{n}") for n in (8, 12, 31) for which in ("plain", "placed_tagged")],
+)
+def test_a_job_is_found_by_its_id_its_key_or_an_id_prefix_of_eight_or_more_characters(
+    ws: Workspace, population: dict[str, JobSpec], which: str, typed: str
 ) -> None:
     spec = population[which]
-    assert lookup.find(ws, spec.id) == _handle(ws, spec)
-    assert lookup.find(ws, f"  {spec.id}\n") == _handle(ws, spec)
-
-
-@pytest.mark.parametrize("which", ["plain", "tagged", "placed", "placed_tagged"])
-def test_a_job_is_found_by_its_key(
-    ws: Workspace, population: dict[str, JobSpec], which: str
-) -> None:
-    spec = population[which]
-    assert lookup.find(ws, spec.key) == _handle(ws, spec)
-
-
-@pytest.mark.parametrize("which", ["plain", "placed_tagged"])
-@pytest.mark.parametrize("length", [8, 12, 31])
-def test_a_job_is_found_by_an_id_prefix_of_eight_or_more_characters(
-    ws: Workspace, population: dict[str, JobSpec], which: str, length: int
-) -> None:
-    spec = population[which]
-    assert lookup.find(ws, spec.id[:length]) == _handle(ws, spec)
+    assert lookup.find(ws, TYPED[typed](spec)) == _handle(ws, spec)
 
 
 def test_a_job_is_found_by_a_tag_that_names_exactly_one_job(

@@ -174,9 +174,7 @@ def test_a_chain_that_reaches_a_torn_frame_reports_it(journal: str) -> None:
 
 
 def test_a_frame_that_cannot_be_encoded_writes_nothing(journal: str) -> None:
-    w = _writer(journal)
-    ok = w.append({"i": 0})
-    path = os.path.join(journal, w.writer_id, segment_name(0))
+    w, ok, path = _after_one_frame(journal)
     size = os.path.getsize(path)
     with pytest.raises(TypeError):
         w.append({"i": object()})  # not serialisable: nothing is written
@@ -196,6 +194,12 @@ def test_a_frame_that_cannot_be_encoded_writes_nothing(journal: str) -> None:
 
 def _segment(journal: str, w: JournalWriter, n: int = 0) -> str:
     return os.path.join(journal, w.writer_id, segment_name(n))
+
+
+def _after_one_frame(journal: str) -> tuple[JournalWriter, RecordRef, str]:
+    """A writer that has appended {"i": 0}: it, that frame's ref and its segment's path."""
+    w = _writer(journal)
+    return w, w.append({"i": 0}), _segment(journal, w)
 
 
 def _foreign(path: str, data: bytes) -> int:
@@ -288,9 +292,7 @@ def test_a_foreign_append_racing_ours_is_found_out_and_never_named(
 def test_a_short_write_split_by_a_foreign_line_is_never_named(
     journal: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    w = _writer(journal)
-    first = w.append({"i": 0})
-    path = _segment(journal, w)
+    w, first, path = _after_one_frame(journal)
     real = os.write
     split = [True]
 
@@ -376,9 +378,7 @@ class _FullDisk:
 def test_a_failed_append_cuts_only_its_own_bytes_never_a_foreign_line(
     journal: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    w = _writer(journal)
-    ok = w.append({"i": 0})
-    path = _segment(journal, w)
+    w, ok, path = _after_one_frame(journal)
     _FullDisk(w, path, keep=7, before=b"a foreign line\n", after=b"").install(monkeypatch)
     with pytest.raises(FlowError, match="disk is full"):
         w.append({"i": 1, "pad": "f" * 100})
@@ -394,9 +394,7 @@ def test_a_failed_append_cuts_only_its_own_bytes_never_a_foreign_line(
 def test_a_failed_append_that_cannot_be_cut_alone_is_left_behind_a_fresh_segment(
     journal: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    w = _writer(journal)
-    ok = w.append({"i": 0})
-    path = _segment(journal, w)
+    w, ok, path = _after_one_frame(journal)
     behind = b"a foreign line after our half frame\n"
     _FullDisk(w, path, keep=5, before=b"", after=behind).install(monkeypatch)
     with pytest.raises(FlowError, match="disk is full"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from helpers import STATE_NAMES
 
 from httk_flow.errors import FlowError, IllegalTransition
 from httk_flow.protocol.states import TRANSITIONS, State
@@ -14,19 +15,7 @@ ALL_PAIRS = list(itertools.product(State, State))
 
 def test_every_state_kind_has_a_row_in_the_table() -> None:
     assert set(TRANSITIONS) == set(State)
-    assert {s.value for s in State} == {
-        "submitted",
-        "ready",
-        "claimed",
-        "running",
-        "committing",
-        "waiting",
-        "paused",
-        "cancelling",
-        "succeeded",
-        "failed",
-        "cancelled",
-    }
+    assert [s.value for s in State] == STATE_NAMES
 
 
 def test_terminal_states_are_exactly_succeeded_failed_and_cancelled() -> None:

@@ -1961,47 +1961,36 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print, command: 
     return report
 
 
+#: the options that set the ChaosConfig field of their name, of its type and with its default,
+#: and the help of those whose name does not say it all
+CONFIG_OPTIONS: dict[str, str | None] = {
+    "jobs": None,
+    "kills": None,
+    "freezes": "SIGSTOPs of a manager, each SIGCONTed after 1-5 x the lease (random)",
+    "managers": None,
+    "seed": None,
+    "workers": None,
+    "lease": None,
+    "manager_share": None,
+    "long_share": "jobs whose steps last 0-2 s",
+    "bigfan_share": "the share of the jobs that are big fan-outs (at least one when above 0)",
+    "bigfan_children": "children of each big fan-out",
+    "aimed": "kills and freezes (of --kills and --freezes) aimed at the manager registering a "
+    "big fan-out's children (default: 2 per big fan-out)",
+    "scan_every": "seconds between two reads of the whole state tree during the run",
+    "timeout": None,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=1000)
-    ap.add_argument("--kills", type=int, default=100)
-    ap.add_argument(
-        "--freezes",
-        type=int,
-        default=0,
-        help="SIGSTOPs of a manager, each SIGCONTed after 1-5 x the lease (random)",
-    )
-    ap.add_argument("--managers", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", required=True, help="an empty (or new) directory")
     ap.add_argument("--json", dest="json_out", help="also write the figures here")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--lease", default="2s")
-    ap.add_argument("--manager-share", type=float, default=0.4)
-    ap.add_argument("--long-share", type=float, default=0.1, help="jobs whose steps last 0-2 s")
-    ap.add_argument(
-        "--bigfan-share",
-        type=float,
-        default=0.0,
-        help="the share of the jobs that are big fan-outs (at least one when above 0)",
-    )
-    ap.add_argument(
-        "--bigfan-children", type=int, default=1000, help="children of each big fan-out"
-    )
-    ap.add_argument(
-        "--aimed",
-        type=int,
-        default=-1,
-        help="kills and freezes (of --kills and --freezes) aimed at the manager registering a "
-        "big fan-out's children (default: 2 per big fan-out)",
-    )
-    ap.add_argument(
-        "--scan-every",
-        type=float,
-        default=0.5,
-        help="seconds between two reads of the whole state tree during the run",
-    )
-    ap.add_argument("--timeout", type=float, default=3600.0)
+    defaults = ChaosConfig()
+    for name, text in CONFIG_OPTIONS.items():
+        default = getattr(defaults, name)
+        flag = "--" + name.replace("_", "-")
+        ap.add_argument(flag, type=type(default), default=default, help=text)
     ap.add_argument("--durable", action="store_true", help="fsync everything (policy)")
     ap.add_argument(
         "--lenient",
@@ -2016,21 +2005,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     cfg = ChaosConfig(
-        jobs=a.jobs,
-        kills=a.kills,
-        freezes=a.freezes,
-        managers=a.managers,
-        seed=a.seed,
+        **{name: getattr(a, name) for name in CONFIG_OPTIONS},
         workdir=a.workdir,
-        workers=a.workers,
-        lease=a.lease,
-        manager_share=a.manager_share,
-        long_share=a.long_share,
-        bigfan_share=a.bigfan_share,
-        bigfan_children=a.bigfan_children,
-        aimed=a.aimed,
-        scan_every=a.scan_every,
-        timeout=a.timeout,
         durable=a.durable,
         strict=a.strict,
         nodes=a.nodes,

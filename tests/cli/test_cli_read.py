@@ -8,22 +8,9 @@ from pathlib import Path
 
 import orjson
 from click.testing import CliRunner
+from helpers import STATE_NAMES
 
 from httk_flow.cli.main import cli
-
-STATES = [
-    "submitted",
-    "ready",
-    "claimed",
-    "running",
-    "committing",
-    "waiting",
-    "paused",
-    "cancelling",
-    "succeeded",
-    "failed",
-    "cancelled",
-]
 
 
 def flow(runner: CliRunner, *args: str) -> tuple[int, str]:
@@ -99,7 +86,7 @@ def test_status_json_counts_every_state_kind(runner: CliRunner, ws: str) -> None
     doc = orjson.loads(out)
     assert code == 0
     assert doc["workspace"] == os.path.abspath(ws) and doc["total"] == 3
-    assert list(doc["counts"]) == STATES and doc["counts"]["submitted"] == 3
+    assert list(doc["counts"]) == STATE_NAMES and doc["counts"]["submitted"] == 3
     assert doc["managers"] == [] and isinstance(doc["blocked"], list)
 
 

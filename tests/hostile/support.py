@@ -1,5 +1,6 @@
 """Helpers of the hostile-input tests: a job script that publishes bad outcomes on request,
-hand-planted journal frames, and snapshots of directories that must stay untouched."""
+one `flow run` over a scene, hand-planted journal frames, and snapshots of directories that
+must stay untouched."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from manager.support import JobInfo, job
+from manager.support import JobInfo, Managers, OrphanReaper, job
 
 from httk_flow.errors import JobNotFound
 from httk_flow.ops import lookup
@@ -83,6 +84,21 @@ PY
 *) exit 3 ;;
 esac
 """
+
+
+def run_scene(base: Path, root: str, timeout: float) -> tuple[int, str]:
+    """One `flow run` (two workers) over the workspace `root`, its log and its orphans kept
+    under `base`, all of its processes gone afterwards: its exit status and its log."""
+    with OrphanReaper():
+        managers = Managers(base)
+        try:
+            p = managers.start(root, workers=2)
+            rc = p.wait(timeout)
+            assert p.log is not None
+            return rc, p.log.read_text(errors="replace")
+        finally:
+            managers.close()
+
 
 #: lines a manager prints for a problem it reports (quiet managers print these too)
 PROBLEM = re.compile(r"problem: (?P<obj>\S+?): (?P<msg>.*)$", re.M)

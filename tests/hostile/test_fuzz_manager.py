@@ -8,14 +8,12 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from typing import Any
 
+from helpers import serve_in_process
 from hypothesis import given
 from hypothesis import strategies as st
 
-from httk_flow.manager.config import ManagerConfig
-from httk_flow.manager.loop import Manager
 from httk_flow.protocol import jobs
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
@@ -67,16 +65,7 @@ def test_a_manager_serves_on_through_fuzzed_definitions(how: list[tuple[str, Any
         good, broken = specs[0], specs[1:]
         for spec, h in zip(broken, how, strict=True):
             _plant(os.path.join(ws.job_dir(spec.placement, spec.key), "job.json"), h)
-        manager = Manager(
-            ws, ManagerConfig(workers=2, exit_when_idle=0, poll_interval=0.05, verbose=False)
-        )
-        watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
-        watchdog.start()
-        try:
-            rc = manager.run(install_signals=False)
-        finally:
-            watchdog.cancel()
-        assert not manager._stop_now, "the manager did not become idle within a minute"
+        _, rc = serve_in_process(ws)
         assert rc in (0, 1)
         final = {h.job_id: h for h in jobs.all_jobs(ws)}
         assert final[good.id].state is State.SUCCEEDED

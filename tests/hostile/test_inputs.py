@@ -55,6 +55,19 @@ LIMIT_HINT = (
 )
 
 
+def not_regular(path: object, kind: str) -> str:
+    """The error for an input that is a `kind` ("a socket", ...) rather than a file."""
+    return f"input '{path}': is {kind}, not a regular file or a directory; " + NOT_REGULAR_HINT
+
+
+def past_limit(path: object, limit: str, size: str) -> str:
+    """The error for an input that takes the job's inputs past `limit` (to `size` at least)."""
+    return (
+        f"input '{path}': takes the job's inputs past the {limit} limit (at least {size}); "
+        + LIMIT_HINT
+    )
+
+
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     d = tmp_path / "data"
@@ -84,12 +97,7 @@ def sock(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_fifo_is_refused_without_hanging(root: str, fifo: Path) -> None:
     r = submit(root, "--input", str(fifo))
-    assert_refused(
-        root,
-        r,
-        f"input '{fifo}': is a named pipe (FIFO), not a regular file or a directory; "
-        + NOT_REGULAR_HINT,
-    )
+    assert_refused(root, r, not_regular(fifo, "a named pipe (FIFO)"))
 
 
 def test_a_directory_holding_a_fifo_is_refused_naming_the_fifo(root: str, data: Path) -> None:
@@ -108,21 +116,12 @@ def test_a_directory_holding_a_fifo_is_refused_naming_the_fifo(root: str, data: 
 
 def test_dev_zero_is_refused_rather_than_copied_until_the_disk_is_full(root: str) -> None:
     r = submit(root, "--input", "/dev/zero")
-    assert_refused(
-        root,
-        r,
-        "input '/dev/zero': is a character device, not a regular file or a directory; "
-        + NOT_REGULAR_HINT,
-    )
+    assert_refused(root, r, not_regular("/dev/zero", "a character device"))
 
 
 def test_a_socket_is_refused(root: str, sock: Path) -> None:
     r = submit(root, "--input", str(sock))
-    assert_refused(
-        root,
-        r,
-        f"input '{sock}': is a socket, not a regular file or a directory; " + NOT_REGULAR_HINT,
-    )
+    assert_refused(root, r, not_regular(sock, "a socket"))
 
 
 def test_a_symlink_to_a_fifo_is_refused_but_one_inside_a_directory_is_copied_as_a_link(
@@ -131,12 +130,7 @@ def test_a_symlink_to_a_fifo_is_refused_but_one_inside_a_directory_is_copied_as_
     link = data / "link"
     link.symlink_to(fifo)
     r = submit(root, "--input", str(link))
-    assert_refused(
-        root,
-        r,
-        f"input '{link}': is a named pipe (FIFO), not a regular file or a directory; "
-        + NOT_REGULAR_HINT,
-    )
+    assert_refused(root, r, not_regular(link, "a named pipe (FIFO)"))
     deck = data / "deck"
     deck.mkdir()
     (deck / "in.txt").write_text("x\n")
@@ -162,21 +156,11 @@ def test_inputs_past_the_default_limit_are_refused_unless_it_is_raised(
     with open(big, "wb") as fh:
         fh.truncate(2 * DEFAULT_INPUT_MAX)  # sparse: nothing is read to refuse it
     r = submit(root, "--input", str(big))
-    assert_refused(
-        root,
-        r,
-        f"input '{big}': takes the job's inputs past the 1.0 GiB limit (at least 2.0 GiB); "
-        + LIMIT_HINT,
-    )
+    assert_refused(root, r, past_limit(big, "1.0 GiB", "2.0 GiB"))
     small = data / "small.bin"
     small.write_bytes(b"s" * (2 << 20))
     r = submit(root, "--input-max", "1M", "--input", str(small))
-    assert_refused(
-        root,
-        r,
-        f"input '{small}': takes the job's inputs past the 1.0 MiB limit (at least 2.0 MiB); "
-        + LIMIT_HINT,
-    )
+    assert_refused(root, r, past_limit(small, "1.0 MiB", "2.0 MiB"))
     r = submit(root, "--json", "--input-max", "3M", "--input", str(small))
     assert r.returncode == 0, r.stderr
     [job] = orjson.loads(r.stdout)["jobs"]
@@ -192,12 +176,7 @@ def test_the_limit_counts_every_input_and_every_file_of_a_directory(root: str, d
     one = data / "one.bin"
     one.write_bytes(b"o" * (400 << 10))
     r = submit(root, "--input-max", "1M", "--input", str(one), "--input", str(deck))
-    assert_refused(
-        root,
-        r,
-        f"input '{deck}': takes the job's inputs past the 1.0 MiB limit (at least 1.2 MiB); "
-        + LIMIT_HINT,
-    )
+    assert_refused(root, r, past_limit(deck, "1.0 MiB", "1.2 MiB"))
 
 
 def test_an_input_max_that_is_not_a_size_is_a_usage_error(root: str, data: Path) -> None:

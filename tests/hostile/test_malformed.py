@@ -12,16 +12,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from manager.support import (
-    JobInfo,
-    Managers,
-    OrphanReaper,
-    dump,
-    job,
-    make_workspace,
-    submit,
-    write_script,
-)
+from manager.support import JobInfo, dump, job, make_workspace, submit, write_script
 
 from httk_flow.protocol.names import Marker, RecordRef, new_id
 from httk_flow.protocol.states import State
@@ -35,6 +26,7 @@ from .support import (
     job_json,
     problems,
     rename_marker,
+    run_scene,
     segment_path,
 )
 
@@ -192,15 +184,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
         ids["orphan_marker"] = orphan.key
     finally:
         ws.close()
-    with OrphanReaper():
-        managers = Managers(base)
-        try:
-            p = managers.start(root, workers=2)
-            rc = p.wait(120)
-            assert p.log is not None
-            log = p.log.read_text(errors="replace")
-        finally:
-            managers.close()
+    rc, log = run_scene(base, root, 120)
     yield Scene(root, ids, good, neighbours, rc, log, planted)
 
 

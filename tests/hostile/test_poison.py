@@ -10,17 +10,10 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from manager.support import (
-    RUN_TIMEOUT,
-    ManagerProcess,
-    Managers,
-    flow,
-    job,
-    submit,
-    write_script,
-)
+from manager.support import RUN_TIMEOUT, ManagerProcess, Managers, flow, job, submit, write_script
 
 from httk_flow.errors import FlowError, InvalidOutcome
 from httk_flow.protocol import outcome
@@ -41,6 +34,13 @@ from .support import (
 )
 
 GOOD = 3
+
+
+def _bad_and_good(root: str, scripts: Path, **bad_fields: Any) -> tuple[str, list[str]]:
+    """One job of HOSTILE with `bad_fields`, then GOOD good ones: their ids."""
+    prog = write_script(scripts, "hostile.sh", HOSTILE)
+    [bad] = submit(root, prog, **bad_fields)
+    return bad, submit(root, prog, count=GOOD)
 
 
 def _serve_one_bad_job(
@@ -75,9 +75,7 @@ def _assert_served(root: str, rc: int | None, log: str, bad: str, good: list[str
 def test_a_child_line_with_a_non_string_tag_or_step_fails_its_parent(
     root: str, scripts: Path, managers: Managers, mode: str
 ) -> None:
-    prog = write_script(scripts, "hostile.sh", HOSTILE)
-    [bad] = submit(root, prog, params={"mode": mode})
-    good = submit(root, prog, count=GOOD, params={"mode": "good"})
+    bad, good = _bad_and_good(root, scripts, params={"mode": mode})
     rc, log = _serve_one_bad_job(root, managers, bad, good)
     _assert_served(root, rc, log, bad, good)
 
@@ -85,17 +83,12 @@ def test_a_child_line_with_a_non_string_tag_or_step_fails_its_parent(
 def test_a_marker_naming_an_offset_past_2_63_fails_its_job(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    prog = write_script(scripts, "hostile.sh", HOSTILE)
-    [bad] = submit(root, prog)
-    good = submit(root, prog, count=GOOD)
-    ws = Workspace.open(root)
-    try:
+    bad, good = _bad_and_good(root, scripts)
+    with contextlib.closing(Workspace.open(root)) as ws:
         h = handle_of(ws, bad)
         m = h.marker
         huge = RecordRef(m.ref.writer, m.ref.segment, 36**13 - 1)
         rename_marker(ws, h, Marker(m.key, m.priority, m.generation, huge))
-    finally:
-        ws.close()
     rc, log = _serve_one_bad_job(root, managers, bad, good)
     _assert_served(root, rc, log, bad, good)
 
@@ -115,15 +108,10 @@ MISTYPED_FRAMES = {
 def test_a_frame_with_mistyped_members_fails_only_its_job(
     root: str, scripts: Path, managers: Managers, case: str
 ) -> None:
-    prog = write_script(scripts, "hostile.sh", HOSTILE)
-    [bad] = submit(root, prog)
-    good = submit(root, prog, count=GOOD)
+    bad, good = _bad_and_good(root, scripts)
     state, members = MISTYPED_FRAMES[case]
-    ws = Workspace.open(root)
-    try:
+    with contextlib.closing(Workspace.open(root)) as ws:
         plant_frame(ws, handle_of(ws, bad), state, **members)
-    finally:
-        ws.close()
     rc, log = _serve_one_bad_job(root, managers, bad, good)
     _assert_served(root, rc, log, bad, good)
 
@@ -135,17 +123,12 @@ def test_a_marker_name_with_leading_zeros_is_not_a_marker_and_is_left_for_fsck(
     (two spellings of one marker would let a rename of the canonical name miss the file).
     It is reported once, never renamed or read, `flow fsck` names it, and the manager
     serves the other jobs and ends."""
-    prog = write_script(scripts, "hostile.sh", HOSTILE)
-    [bad] = submit(root, prog)
-    good = submit(root, prog, count=GOOD)
-    ws = Workspace.open(root)
-    try:
+    bad, good = _bad_and_good(root, scripts)
+    with contextlib.closing(Workspace.open(root)) as ws:
         h = handle_of(ws, bad)
         path = h.path(ws)
         odd = path.replace(f".g{h.marker.generation}.", ".g00.")
         os.rename(path, odd)
-    finally:
-        ws.close()
     rc, log = _serve_one_bad_job(root, managers, bad, good)
     assert rc is not None, f"flow run did not end:\n{log}"
     assert "Traceback" not in log, log
@@ -169,14 +152,9 @@ def _unblock(fifo: Path) -> None:
 def test_a_fifo_in_place_of_job_json_fails_its_job(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    prog = write_script(scripts, "hostile.sh", HOSTILE)
-    [bad] = submit(root, prog)
-    good = submit(root, prog, count=GOOD)
-    ws = Workspace.open(root)
-    try:
+    bad, good = _bad_and_good(root, scripts)
+    with contextlib.closing(Workspace.open(root)) as ws:
         fifo = job_json(root, ws, bad)
-    finally:
-        ws.close()
     fifo.unlink()
     os.mkfifo(fifo)
     p: ManagerProcess = managers.start(root, workers=2)

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from manager.support import Managers, OrphanReaper, job, make_workspace, submit, write_script
+from manager.support import job, make_workspace, submit, write_script
 
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
-from .support import HOSTILE, current, handle_of, handles, job_json, problems, snapshot
+from .support import HOSTILE, current, handle_of, handles, job_json, problems, run_scene, snapshot
 
 #: outcome modes of HOSTILE that publish a symlink pointing into outside/<mode>/
 OUTCOME_LINKS = {
@@ -110,15 +110,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     finally:
         ws.close()
     before = {case: snapshot(outside / case) for case in CASES}
-    with OrphanReaper():
-        managers = Managers(base)
-        try:
-            p = managers.start(root, workers=2)
-            rc = p.wait(60)
-            assert p.log is not None
-            log = p.log.read_text(errors="replace")
-        finally:
-            managers.close()
+    rc, log = run_scene(base, root, 60)
     yield Scene(root, outside, ids, good, log, rc, before, paths)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from helpers import wait_for
@@ -20,20 +21,8 @@ from .support import (
     job,
     log_of,
     processes_of,
-    submit,
     wait_beats,
-    write_script,
 )
-
-#: the first attempt sleeps until killed; any later attempt succeeds at once
-SLEEPER = """
-if [ "$(bump main)" -eq 1 ]; then
-    touch "$FLOW_WORKDIR/started"
-    sleep 30
-fi
-echo "$FLOW_IS_RESTART $FLOW_UNCLEAN_RESTART" > "$FLOW_WORKDIR/restart"
-publish '{"action":"succeed"}'
-"""
 
 #: the first attempt survives SIGTERM (noting it) and waits for a release file
 STUBBORN = """
@@ -47,27 +36,24 @@ publish '{"action":"succeed"}'
 """
 
 
-def start_serving(
-    root: str,
-    scripts: Path,
-    managers: Managers,
-    body: str,
-    *args: str,
-    env: dict[str, str] | None = None,
-) -> tuple[str, Path, ManagerProcess]:
-    """Submit one job running `body` and serve it until its first attempt has started."""
-    [jid] = submit(root, write_script(scripts, "job.sh", body))
-    p = managers.start(root, *args, command="serve", env=env)
-    workdir = job(root, jid).job_dir(root) / "run"
-    wait_for(lambda: (workdir / "started").exists() or p.poll() is not None, 20)
-    assert p.poll() is None, log_of(p)
-    return jid, workdir, p
+#: the fixture serve_one_job (tests/manager/conftest.py): one job served until its first
+#: attempt has started, by default an attempt that sleeps until it is stopped (a later one
+#: notes its restart flags in $FLOW_WORKDIR/restart)
+Serve = Callable[..., tuple[str, Path, ManagerProcess]]
+
+
+def assert_finished_after_the_interruption(root: str, managers: Managers, jid: str) -> None:
+    """A later manager runs the job to success: committed once interrupted, then succeeded."""
+    assert managers.run(root) == 0
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root)
+    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
 
 
 def test_sigterm_drains_a_running_job_back_to_ready_without_charging_it(
-    root: str, scripts: Path, managers: Managers
+    root: str, managers: Managers, serve_one_job: Serve
 ) -> None:
-    jid, _, p = start_serving(root, scripts, managers, SLEEPER)
+    jid, _, p = serve_one_job()
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0, log_of(p)
@@ -80,16 +66,13 @@ def test_sigterm_drains_a_running_job_back_to_ready_without_charging_it(
     assert info.last["result"]["interrupted"] == "drain"
     assert info.last.get("not_before") is None and info.handle.marker.not_before == 0
 
-    assert managers.run(root) == 0
-    info = job(root, jid)
-    assert info.state is State.SUCCEEDED, dump(root)
-    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+    assert_finished_after_the_interruption(root, managers, jid)
 
 
 def test_the_attempt_after_a_drain_is_an_unclean_restart(
-    root: str, scripts: Path, managers: Managers
+    root: str, managers: Managers, serve_one_job: Serve
 ) -> None:
-    jid, workdir, p = start_serving(root, scripts, managers, SLEEPER)
+    jid, workdir, p = serve_one_job()
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0, log_of(p)
     assert managers.run(root) == 0
@@ -98,9 +81,9 @@ def test_the_attempt_after_a_drain_is_an_unclean_restart(
 
 
 def test_a_second_sigterm_after_the_repeat_window_exits_at_once(
-    root: str, scripts: Path, managers: Managers
+    root: str, managers: Managers, serve_one_job: Serve
 ) -> None:
-    jid, workdir, p = start_serving(root, scripts, managers, STUBBORN, "--kill-grace", "60s")
+    jid, workdir, p = serve_one_job("--kill-grace", "60s", body=STUBBORN)
     p.send_signal(signal.SIGTERM)
     wait_for(lambda: (workdir / "got-term").exists(), 10)
     # the manager took the first signal before it passed TERM on to its attempt, so the
@@ -119,18 +102,13 @@ def test_a_second_sigterm_after_the_repeat_window_exits_at_once(
     info = job(root, jid)
     assert info.state is State.RUNNING, dump(root)  # left for a lease takeover
     (workdir / "release").touch()
-    assert managers.run(root) == 0
-    info = job(root, jid)
-    assert info.state is State.SUCCEEDED, dump(root)
-    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+    assert_finished_after_the_interruption(root, managers, jid)
 
 
 def test_two_sigterms_within_milliseconds_count_as_one(
-    root: str, scripts: Path, managers: Managers
+    root: str, managers: Managers, serve_one_job: Serve
 ) -> None:
-    jid, workdir, p = start_serving(
-        root, scripts, managers, STUBBORN, "--kill-grace", "60s", "--lease", "1s"
-    )
+    jid, workdir, p = serve_one_job("--kill-grace", "60s", "--lease", "1s", body=STUBBORN)
     p.send_signal(signal.SIGTERM)
     p.send_signal(signal.SIGTERM)
     wait_for(lambda: (workdir / "got-term").exists(), 10)
@@ -146,23 +124,18 @@ def test_two_sigterms_within_milliseconds_count_as_one(
 
 
 def test_a_manager_killed_while_signalling_its_attempts_leaves_work_that_converges(
-    root: str, scripts: Path, managers: Managers
+    root: str, managers: Managers, serve_one_job: Serve
 ) -> None:
-    jid, _, p = start_serving(
-        root, scripts, managers, SLEEPER, env={"FLOW_CRASH_AT": "cancel.after_signal"}
-    )
+    jid, _, p = serve_one_job(env={"FLOW_CRASH_AT": "cancel.after_signal"})
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == -signal.SIGKILL, log_of(p)
-    assert managers.run(root) == 0
-    info = job(root, jid)
-    assert info.state is State.SUCCEEDED, dump(root)
-    assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
+    assert_finished_after_the_interruption(root, managers, jid)
 
 
 def test_an_attempt_that_ignores_sigterm_is_killed_after_the_grace_and_not_charged(
-    root: str, scripts: Path, managers: Managers
+    root: str, managers: Managers, serve_one_job: Serve
 ) -> None:
-    jid, workdir, p = start_serving(root, scripts, managers, STUBBORN, "--kill-grace", "0.5s")
+    jid, workdir, p = serve_one_job("--kill-grace", "0.5s", body=STUBBORN)
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0, log_of(p)

@@ -12,6 +12,16 @@ from httk_flow.protocol.states import State
 from .support import FAMILY, JobInfo, Managers, children_of, dump, job, submit, write_script
 
 
+def run_family(
+    root: str, scripts: Path, managers: Managers, exit_status: int, **params: object
+) -> JobInfo:
+    """Submit one FAMILY parent with `params` and run a manager to idle (it must exit with
+    `exit_status`: 1 when a job it ran failed); the parent, afterwards."""
+    [pid] = submit(root, write_script(scripts, "family.sh", FAMILY), params=params)
+    assert managers.run(root) == exit_status
+    return job(root, pid)
+
+
 def children_file(root: str, parent: JobInfo, step: str) -> list[list[str]]:
     """The `children` file the attempt of `step` was given, split into fields per line."""
     [att] = [a for a in parent.attempts if a["step"] == step]
@@ -21,9 +31,7 @@ def children_file(root: str, parent: JobInfo, step: str) -> list[list[str]]:
 def test_a_parent_resumes_at_its_join_step_with_every_child_listed(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    [pid] = submit(root, write_script(scripts, "family.sh", FAMILY), params={"kids": 5})
-    assert managers.run(root) == 0
-    parent = job(root, pid)
+    parent = run_family(root, scripts, managers, 0, kids=5)
     assert parent.state is State.SUCCEEDED, dump(root)
     assert [a["step"] for a in parent.attempts] == ["main", "collect"]
     kids = children_of(root, parent)
@@ -42,9 +50,8 @@ def test_a_parent_resumes_at_its_join_step_with_every_child_listed(
 def test_a_failed_child_fails_its_parent_with_dependency_failure(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    [pid] = submit(root, write_script(scripts, "family.sh", FAMILY), params={"kids": 3, "bad": 2})
-    assert managers.run(root) == 1  # the child it ran failed
-    parent = job(root, pid)
+    # 1: the child it ran failed
+    parent = run_family(root, scripts, managers, 1, kids=3, bad=2)
     assert parent.state is State.FAILED, dump(root)
     assert parent.failure_code == "dependency_failure"
     assert "c2" in parent.last["failure"]["message"]
@@ -58,13 +65,8 @@ def test_a_failed_child_fails_its_parent_with_dependency_failure(
 def test_an_impossible_join_resumes_the_parent_at_its_on_impossible_step(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    [pid] = submit(
-        root,
-        write_script(scripts, "family.sh", FAMILY),
-        params={"kids": 3, "bad": 1, "rescue": "rescue"},
-    )
-    assert managers.run(root) == 1  # the child it ran failed
-    parent = job(root, pid)
+    # 1: the child it ran failed
+    parent = run_family(root, scripts, managers, 1, kids=3, bad=1, rescue="rescue")
     assert parent.state is State.SUCCEEDED, dump(root)
     assert [a["step"] for a in parent.attempts] == ["main", "rescue"]
     resumed = next(f for f in parent.frames if f.get("from") == "waiting")
@@ -78,13 +80,7 @@ def test_an_impossible_join_resumes_the_parent_at_its_on_impossible_step(
 def test_a_retried_join_step_still_sees_its_children(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    [pid] = submit(
-        root,
-        write_script(scripts, "family.sh", FAMILY),
-        params={"kids": 2, "flaky_collect": 1},
-    )
-    assert managers.run(root) == 0
-    parent = job(root, pid)
+    parent = run_family(root, scripts, managers, 0, kids=2, flaky_collect=1)
     assert parent.state is State.SUCCEEDED, dump(root)
     seen = sorted((parent.job_dir(root) / "run").glob("children.collect.*"))
     assert len(seen) == 2
@@ -96,13 +92,8 @@ def test_a_retried_join_step_still_sees_its_children(
 def test_a_join_that_tolerates_a_failed_child_resumes_its_parent(
     root: str, scripts: Path, managers: Managers, mode: str
 ) -> None:
-    [pid] = submit(
-        root,
-        write_script(scripts, "family.sh", FAMILY),
-        params={"kids": 3, "bad": 2, "join": mode},
-    )
-    assert managers.run(root) == 1  # the child it ran failed
-    parent = job(root, pid)
+    # 1: the child it ran failed
+    parent = run_family(root, scripts, managers, 1, kids=3, bad=2, join=mode)
     assert parent.state is State.SUCCEEDED, dump(root)
     assert [a["step"] for a in parent.attempts] == ["main", "collect"]
     resumed = next(f for f in parent.frames if f.get("from") == "waiting")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from httk_flow.protocol.states import State
 
 from .support import (
     THREE_STEPS,
+    JobInfo,
     Managers,
     committed,
     dump,
@@ -19,13 +21,53 @@ from .support import (
     write_script,
 )
 
+#: fails its first attempt, noting "$FLOW_ATTEMPT $FLOW_IS_RESTART" at each start
+FAILS_ONCE = """
+echo "$FLOW_ATTEMPT $FLOW_IS_RESTART" >> "$FLOW_WORKDIR/seen"
+[ "$(bump main)" -eq 1 ] && exit 1
+publish '{"action":"succeed"}'
+"""
+
+#: fails its first attempt, noting the time of each start
+FAILS_ONCE_TIMED = """
+date +%s.%N >> "$FLOW_WORKDIR/starts"
+[ "$(bump main)" -eq 1 ] && exit 1
+exit 0
+"""
+
+#: asks for a retry at its first attempt, then succeeds
+RETRIES_ONCE = """
+if [ "$(bump main)" -eq 1 ]; then
+    publish '{"action":"retry","message":"not yet"}'
+else
+    publish '{"action":"succeed"}'
+fi
+"""
+
+#: the first attempt of each step fails; main advances to two, two succeeds
+EACH_STEP_FAILS_ONCE = """
+[ "$(bump "$FLOW_STEP")" -eq 1 ] && exit 1
+case "$FLOW_STEP" in
+    main) publish '{"action":"advance","step":"two"}' ;;
+    two) publish '{"action":"succeed"}' ;;
+esac
+"""
+
+
+def run_one(
+    root: str, scripts: Path, managers: Managers, exit_status: int, body: str, **fields: Any
+) -> JobInfo:
+    """Submit one job running `body` with `fields` and run a manager to idle (it must exit
+    with `exit_status`: 1 when a job it ran failed); the job, afterwards."""
+    [jid] = submit(root, write_script(scripts, "job.sh", body), **fields)
+    assert managers.run(root) == exit_status
+    return job(root, jid)
+
 
 def test_a_three_step_job_advances_through_every_step(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    [jid] = submit(root, write_script(scripts, "three.sh", THREE_STEPS))
-    assert managers.run(root) == 0
-    info = job(root, jid)
+    info = run_one(root, scripts, managers, 0, THREE_STEPS)
     assert info.state is State.SUCCEEDED, dump(root)
     assert committed(info) == [
         (1, "main", "advance"),
@@ -40,18 +82,7 @@ def test_a_three_step_job_advances_through_every_step(
 def test_a_job_that_fails_once_is_retried_and_succeeds(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    program = write_script(
-        scripts,
-        "flaky.sh",
-        """
-echo "$FLOW_ATTEMPT $FLOW_IS_RESTART" >> "$FLOW_WORKDIR/seen"
-[ "$(bump main)" -eq 1 ] && exit 1
-publish '{"action":"succeed"}'
-""",
-    )
-    [jid] = submit(root, program)
-    assert managers.run(root) == 0
-    info = job(root, jid)
+    info = run_one(root, scripts, managers, 0, FAILS_ONCE)
     assert info.state is State.SUCCEEDED, dump(root)
     assert len(info.attempts) == 2
     assert [why for _, _, why in committed(info)] == ["process failure: exit status 1", "succeed"]
@@ -62,9 +93,7 @@ publish '{"action":"succeed"}'
 def test_a_job_that_always_fails_exhausts_its_retry_budget(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    [jid] = submit(root, write_script(scripts, "bad.sh", "exit 1\n"), retries=1)
-    assert managers.run(root) == 1
-    info = job(root, jid)
+    info = run_one(root, scripts, managers, 1, "exit 1\n", retries=1)
     assert info.state is State.FAILED, dump(root)
     assert info.failure_code == "budget_exhausted"
     assert info.last["failure"]["retryable"] is True
@@ -75,18 +104,7 @@ def test_a_retry_does_not_start_before_its_backoff_has_passed(
     tmp_path: Path, scripts: Path, managers: Managers
 ) -> None:
     root = make_workspace(tmp_path / "slow-ws", backoff_base=1.0)
-    program = write_script(
-        scripts,
-        "flaky.sh",
-        """
-date +%s.%N >> "$FLOW_WORKDIR/starts"
-[ "$(bump main)" -eq 1 ] && exit 1
-exit 0
-""",
-    )
-    [jid] = submit(root, program)
-    assert managers.run(root) == 0
-    info = job(root, jid)
+    info = run_one(root, scripts, managers, 0, FAILS_ONCE_TIMED)
     assert info.state is State.SUCCEEDED, dump(root)
     first = next(f for f in info.frames if f.get("to") == "committing")
     not_before = first["decision"]["not_before"]
@@ -101,12 +119,8 @@ exit 0
 def test_a_pause_outcome_leaves_the_job_paused(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    program = write_script(
-        scripts, "pause.sh", """publish '{"action":"pause","message":"look"}'\n"""
-    )
-    [jid] = submit(root, program)
-    assert managers.run(root) == 0
-    info = job(root, jid)
+    pause = """publish '{"action":"pause","message":"look"}'\n"""
+    info = run_one(root, scripts, managers, 0, pause)
     assert info.state is State.PAUSED, dump(root)
     assert info.last["why"] == "pause"
     assert info.last["message"] == "look"
@@ -115,12 +129,8 @@ def test_a_pause_outcome_leaves_the_job_paused(
 def test_a_fail_outcome_fails_the_job_with_its_code_and_no_retry(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    program = write_script(
-        scripts, "fail.sh", """publish '{"action":"fail","code":"bad_input","message":"no"}'\n"""
-    )
-    [jid] = submit(root, program, retries=3)
-    assert managers.run(root) == 1
-    info = job(root, jid)
+    fail = """publish '{"action":"fail","code":"bad_input","message":"no"}'\n"""
+    info = run_one(root, scripts, managers, 1, fail, retries=3)
     assert info.state is State.FAILED, dump(root)
     assert info.failure_code == "bad_input"
     assert info.last["failure"]["message"] == "no"
@@ -182,18 +192,7 @@ def test_a_malformed_outcome_fails_its_job_alone_with_a_protocol_error(
 def test_a_retry_outcome_is_charged_and_backs_off(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    program = write_script(
-        scripts,
-        "retry.sh",
-        """
-if [ "$(bump main)" -eq 1 ]; then
-    publish '{"action":"retry","message":"not yet"}'
-else
-    publish '{"action":"succeed"}'
-fi
-""",
-    )
-    [once] = submit(root, program)
+    [once] = submit(root, write_script(scripts, "retry.sh", RETRIES_ONCE))
     [never] = submit(
         root, write_script(scripts, "again.sh", """publish '{"action":"retry"}'\n"""), retries=1
     )
@@ -213,20 +212,7 @@ fi
 def test_every_activation_has_its_own_retry_budget(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    program = write_script(
-        scripts,
-        "flaky_steps.sh",
-        """
-[ "$(bump "$FLOW_STEP")" -eq 1 ] && exit 1
-case "$FLOW_STEP" in
-    main) publish '{"action":"advance","step":"two"}' ;;
-    two) publish '{"action":"succeed"}' ;;
-esac
-""",
-    )
-    [jid] = submit(root, program, retries=1)
-    assert managers.run(root) == 0
-    info = job(root, jid)
+    info = run_one(root, scripts, managers, 0, EACH_STEP_FAILS_ONCE, retries=1)
     assert info.state is State.SUCCEEDED, dump(root)
     assert [(act, step) for act, step, _ in committed(info)] == [
         (1, "main"),
@@ -239,9 +225,7 @@ esac
 def test_the_max_attempts_budget_spans_the_whole_job(
     root: str, scripts: Path, managers: Managers
 ) -> None:
-    [jid] = submit(root, write_script(scripts, "bad.sh", "exit 1\n"), retries=5, max_attempts=2)
-    assert managers.run(root) == 1
-    info = job(root, jid)
+    info = run_one(root, scripts, managers, 1, "exit 1\n", retries=5, max_attempts=2)
     assert info.state is State.FAILED, dump(root)
     assert info.failure_code == "budget_exhausted"
     assert "max_attempts" in info.last["failure"]["message"]

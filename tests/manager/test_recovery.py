@@ -6,16 +6,19 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import proc, wait_for
 
 from httk_flow.manager.launcher import group_alive, proc_start_time, process_alive
 from httk_flow.protocol.states import State
 
 from .support import (
+    JobInfo,
+    ManagerProcess,
     Managers,
     beats,
     committed,
@@ -28,15 +31,6 @@ from .support import (
     wait_beats,
     write_script,
 )
-
-#: the first attempt sleeps until killed; any later attempt succeeds at once
-SLEEPER = """
-if [ "$(bump main)" -eq 1 ]; then
-    touch "$FLOW_WORKDIR/started"
-    sleep 30
-fi
-publish '{"action":"succeed"}'
-"""
 
 #: step main waits for a `go` file, then advances; step two succeeds
 WAITS_FOR_GO = """
@@ -52,15 +46,17 @@ esac
 """
 
 
+#: the fixture serve_one_job (tests/manager/conftest.py): one job served until its first
+#: attempt has started, by default an attempt that sleeps until it is stopped
+Serve = Callable[..., tuple[str, Path, ManagerProcess]]
+
+
 def orphaned_attempt(
-    root: str, scripts: Path, managers: Managers, body: str
+    root: str, serve_one_job: Serve, body: str | None = None
 ) -> tuple[str, Path, str]:
-    """A job whose manager was SIGKILLed while its first attempt runs on: (id, workdir, owner)."""
-    [jid] = submit(root, write_script(scripts, "job.sh", body))
-    first = managers.start(root, command="serve")
-    workdir = job(root, jid).job_dir(root) / "run"
-    wait_for(lambda: (workdir / "started").exists() or first.poll() is not None, 20)
-    assert first.poll() is None, log_of(first)
+    """A job whose manager was SIGKILLed while its first attempt (the sleeper of
+    serve_one_job unless `body` is given) runs on: (id, workdir, owner)."""
+    jid, workdir, first = serve_one_job(body=body)
     owner = job(root, jid).last["attempt"]["manager"]
     first.kill()
     first.wait()
@@ -69,12 +65,19 @@ def orphaned_attempt(
     return jid, workdir, owner
 
 
-def test_a_killed_managers_running_job_is_recovered_by_another_manager(
-    root: str, scripts: Path, managers: Managers
-) -> None:
-    jid, _, owner = orphaned_attempt(root, scripts, managers, SLEEPER)
+@pytest.fixture
+def taken_over(root: str, managers: Managers, serve_one_job: Serve) -> tuple[JobInfo, str]:
+    """The running job of a SIGKILLed manager once another manager has run to idle: the
+    job, and the id of its dead owner."""
+    jid, _, owner = orphaned_attempt(root, serve_one_job)
     assert managers.run(root) == 0
-    info = job(root, jid)
+    return job(root, jid), owner
+
+
+def test_a_killed_managers_running_job_is_recovered_by_another_manager(
+    root: str, taken_over: tuple[JobInfo, str]
+) -> None:
+    info, owner = taken_over
     assert info.state is State.SUCCEEDED, dump(root)
     assert [why for _, _, why in committed(info)] == ["interrupted", "succeed"]
     takeover = next(f for f in info.frames if f.get("to") == "committing")
@@ -86,11 +89,9 @@ def test_a_killed_managers_running_job_is_recovered_by_another_manager(
 
 
 def test_a_running_takeover_records_process_gone_evidence_in_its_frame(
-    root: str, scripts: Path, managers: Managers
+    root: str, taken_over: tuple[JobInfo, str]
 ) -> None:
-    jid, _, owner = orphaned_attempt(root, scripts, managers, SLEEPER)
-    assert managers.run(root) == 0
-    info = job(root, jid)
+    info, owner = taken_over
     evidence = [f["evidence"] for f in info.frames if "evidence" in f]
     assert evidence, dump(root)
     assert evidence[0]["owner"] == owner
@@ -98,9 +99,9 @@ def test_a_running_takeover_records_process_gone_evidence_in_its_frame(
 
 
 def test_an_outcome_published_while_its_manager_was_dead_is_committed_not_rerun(
-    root: str, scripts: Path, managers: Managers
+    root: str, managers: Managers, serve_one_job: Serve
 ) -> None:
-    jid, workdir, _ = orphaned_attempt(root, scripts, managers, WAITS_FOR_GO)
+    jid, workdir, _ = orphaned_attempt(root, serve_one_job, WAITS_FOR_GO)
     (workdir / "go").touch()
     wait_for(lambda: not processes_of(root), 10)
     assert managers.run(root) == 0
@@ -163,7 +164,8 @@ def test_a_live_process_is_alive_and_a_reused_pid_is_not() -> None:
     assert group_alive(os.getpgrp())
 
 
-#: like SLEEPER, but counting in the job directory, which isolated attempts share too
+#: like serve_one_job's sleeper, but counting in the job directory, which isolated attempts
+#: share too
 SLEEPER_ANYWHERE = """
 n=$(cat "$FLOW_JOB_DIR/count" 2>/dev/null || echo 0)
 echo $((n + 1)) > "$FLOW_JOB_DIR/count"

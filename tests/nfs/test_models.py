@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import serve_in_process
 
 from httk_flow.errors import FlowError, TransitionConflict
-from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.loop import Manager
 from httk_flow.manager.passes import ClaimPass, PassContext
@@ -149,19 +149,11 @@ def _serve(root: str, model: FileSystem, *, idle: float = 0.0) -> tuple[Manager,
     """Run a manager in this process through `model` until it idles (at most a minute)."""
     ws = Workspace.open(root)
     set_filesystem(model)
-    manager = Manager(
-        ws, ManagerConfig(workers=2, exit_when_idle=idle, poll_interval=0.05, verbose=False)
-    )
-    watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
-    watchdog.start()
     try:
-        rc = manager.run(install_signals=False)
+        return serve_in_process(ws, idle=idle)
     finally:
-        watchdog.cancel()
         set_filesystem(FileSystem())
         ws.close()
-    assert not manager._stop_now, "the manager did not become idle within a minute"
-    return manager, rc
 
 
 def _all_succeeded_once(root: str, ids: list[str]) -> None:

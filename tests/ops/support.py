@@ -7,21 +7,27 @@ through tests/manager/support.py's Managers (with its OrphanReaper as the subrea
 
 from __future__ import annotations
 
-import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+import pytest
 from click.testing import CliRunner, Result
-from helpers import processes
+from helpers import processes, wait_for
+from manager.support import ManagerProcess, Managers, log_of, write_program
 
 from httk_flow.cli.main import cli
+from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 FLOW = [sys.executable, "-m", "httk_flow"]
+
+T = TypeVar("T")
 
 #: a two-step bash runner: `main` waits for $FLOW_WORKDIR/release, then advances to `two`
 ADVANCE_ON_RELEASE = """#!/usr/bin/env bash
@@ -60,13 +66,9 @@ fi
 """
 
 
-def write_script(directory: Path, name: str, body: str) -> str:
-    """An executable job script (its own #! line) in `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    path.write_text(body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return str(path)
+#: write_script(directory, name, body): an executable job script (its own #! line) in
+#: `directory`, its path
+write_script = write_program
 
 
 def patch_policy(root: str, **policy: object) -> None:
@@ -126,6 +128,19 @@ class Flow:
         return found[0]
 
 
+def serve_until_started(
+    flow: Flow, managers: Managers, *submit_args: str
+) -> tuple[dict[str, str], ManagerProcess, Path]:
+    """Submit one job (`flow submit ARGS`) and serve it (`flow serve`, one worker) until its
+    attempt has touched $FLOW_WORKDIR/started: the job, its manager and that workdir."""
+    job = flow.submit(*submit_args)
+    p = managers.start(flow.root, command="serve", workers=1)
+    run = flow.job_dir(job) / "run"
+    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    assert p.poll() is None, log_of(p)
+    return job, p, run
+
+
 def wait_state(flow: Flow, ident: str, states: set[str], timeout: float = 20) -> str:
     """Poll until the job is in one of `states`; returns that state."""
     deadline = time.monotonic() + timeout
@@ -179,3 +194,39 @@ def follow(root: str, ident: str, out: Path) -> subprocess.Popen[bytes]:
     """`flow logs --follow` as a process writing to `out`."""
     with open(out, "wb") as fh:
         return subprocess.Popen([*FLOW, "-w", root, "logs", ident, "--follow"], stdout=fh)
+
+
+#: a move another actor makes, with a workspace of its own
+Move = Callable[[Workspace], None]
+
+
+def walk_while_moving(
+    root: str, stream: str, after: State, move: Move, walk: Callable[[Workspace], T]
+) -> T:
+    """`walk(ws)` (fsck, gc: anything that lists the markers state by state), with the
+    MarkerStream it lists them with (`stream`, the dotted name it is looked up by) replaced:
+    once it has walked the markers of state `after`, `move` is called once with a workspace
+    of its own (another actor steering a job at that moment). Returns what `walk` returns;
+    fails if the walk never listed `after`."""
+
+    class Choreographed(MarkerStream):
+        def close(self) -> None:
+            super().close()
+            if self.state is after and not done:
+                done.append(True)
+                other = Workspace.open(root)
+                try:
+                    move(other)
+                finally:
+                    other.close()
+
+    done: list[bool] = []
+    ws = Workspace.open(root)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stream, Choreographed)
+            result = walk(ws)
+    finally:
+        ws.close()
+    assert done, f"the walk never listed {after.value}"
+    return result

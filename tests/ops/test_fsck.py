@@ -23,7 +23,6 @@ from httk_flow.cli.main import cli as cli_main
 from httk_flow.ops import steering
 from httk_flow.ops.fsck import Fsck
 from httk_flow.protocol import leases
-from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.frames import AttemptRecord, Body, Snapshot
 from httk_flow.protocol.leases import ManagerInfo
 from httk_flow.protocol.names import Marker, RecordRef
@@ -31,7 +30,7 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
-from .support import FLOW, Flow, patch_policy
+from .support import FLOW, Flow, patch_policy, walk_while_moving
 
 TWO_HOURS = 2 * 3600.0
 NOT_A_MARKER = "is not a marker of the grammar (or not a file)"
@@ -220,27 +219,13 @@ def fsck_while(
 ) -> list[dict[str, object]]:
     """Run fsck; once it has walked the markers of state `after`, call `move(ws)` (another
     actor steering a job at that moment). Returns the problems found."""
-
-    class Choreographed(MarkerStream):
-        def close(self) -> None:
-            super().close()
-            if self.state is after and not done:
-                done.append(True)
-                other = Workspace.open(root)
-                try:
-                    move(other)
-                finally:
-                    other.close()
-
-    done: list[bool] = []
-    ws = Workspace.open(root)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("httk_flow.ops.fsck.MarkerStream", Choreographed)
-            report = Fsck(ws, repair=repair).run()
-    finally:
-        ws.close()
-    assert done, f"fsck never walked {after.value}"
+    report = walk_while_moving(
+        root,
+        "httk_flow.ops.fsck.MarkerStream",
+        after,
+        move,
+        lambda ws: Fsck(ws, repair=repair).run(),
+    )
     return [p.to_json() for p in report.problems]
 
 
@@ -457,9 +442,18 @@ def _stamp(t: float) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _clock(monkeypatch: pytest.MonkeyPatch, now: float) -> None:
-    """The filesystem's clock as fsck (and the leases it reads) sees it."""
-    monkeypatch.setattr(leases, "fs_now", lambda ws: now)
+def _fsck_at(flow: Flow, monkeypatch: pytest.MonkeyPatch, now: float) -> tuple[int, str]:
+    """`flow fsck` with the filesystem's clock, as fsck (and the leases it reads) sees it, at
+    `now`: its exit status and output."""
+    with monkeypatch.context() as m:
+        m.setattr(leases, "fs_now", lambda ws: now)
+        r = flow("fsck")
+    return r.exit_code, r.output
+
+
+def _one_problem(flow: Flow, line: str) -> tuple[int, str]:
+    """What `_fsck_at` gives for a workspace of one job with the one problem `line`."""
+    return 1, f"{summary(flow, 1, 1)}\n{line}\n"
 
 
 def test_a_job_claimed_by_a_manager_that_died_is_reported_until_the_next_manager_recovers_it(
@@ -471,16 +465,13 @@ def test_a_job_claimed_by_a_manager_that_died_is_reported_until_the_next_manager
     assert flow.state("held") == "claimed"
     owner = flow.history("held")[-1]["attempt"]["manager"]
     since = _entered(flow, job)
-    with monkeypatch.context() as m:
-        _clock(m, since + 90)
-        r = flow("fsck")
     dead = (
         f"problem: dead_owner: job {job['key']}: claimed, held by dead manager {owner} on "
         f"{socket.gethostname()} since {_stamp(since)} (90 s ago); the next manager "
         "recovers it"
     )
     # nothing for --repair to do: no hint to run it
-    assert (r.exit_code, r.output) == (1, f"{summary(flow, 1, 1)}\n{dead}\n")
+    assert _fsck_at(flow, monkeypatch, since + 90) == _one_problem(flow, dead)
 
     assert managers.run(flow.root) == 0
     assert flow.state("held") == "succeeded"
@@ -528,10 +519,7 @@ def test_a_job_held_past_the_bound_by_a_live_manager_is_stuck_unless_it_is_runni
 
     def at(now: float) -> tuple[int, str]:
         os.utime(beat, (now - 1, now - 1))  # its manager heartbeats on: alive all along
-        with monkeypatch.context() as m:
-            _clock(m, now)
-            r = flow("fsck")
-        return r.exit_code, r.output
+        return _fsck_at(flow, monkeypatch, now)
 
     clean = f"{summary(flow, 1, 1)}\nclean\n"
     # under the bound (max(10 min, 20 x the 30 s lease)): a slow launch or commit, not stuck
@@ -544,17 +532,14 @@ def test_a_job_held_past_the_bound_by_a_live_manager_is_stuck_unless_it_is_runni
         f"{_stamp(since)}), past the 10 min bound, by live manager {OTHER} on {ELSEWHERE}; "
         "it may be hung: look at its log, or stop it and the next manager recovers the job"
     )
-    assert at(since + 3600) == (1, f"{summary(flow, 1, 1)}\n{stuck}\n")
+    assert at(since + 3600) == _one_problem(flow, stuck)
     # its heartbeat goes silent: now the lease has ended, and that is the reason given
-    with monkeypatch.context() as m:
-        _clock(m, since + 3600)
-        os.utime(beat, (since, since))
-        r = flow("fsck")
+    os.utime(beat, (since, since))
     dead = (
         f"problem: dead_owner: job {job['key']}: {state.value}, held by dead manager {OTHER} "
         f"on {ELSEWHERE} since {_stamp(since)} (60 min ago); the next manager recovers it"
     )
-    assert (r.exit_code, r.output) == (1, f"{summary(flow, 1, 1)}\n{dead}\n")
+    assert _fsck_at(flow, monkeypatch, since + 3600) == _one_problem(flow, dead)
 
 
 def test_a_job_held_by_a_manager_without_a_heartbeat_is_reported_after_the_takeover_grace(
@@ -564,18 +549,14 @@ def test_a_job_held_by_a_manager_without_a_heartbeat_is_reported_after_the_takeo
     assert managers.run(flow.root) == 0
     _held_by_a_live_manager_elsewhere(flow, job, State.RUNNING, "m-ghost", heartbeat=False)
     since = _entered(flow, job)
-    with monkeypatch.context() as m:
-        # within lease x takeover_factor its heartbeat may yet show up (a shared filesystem)
-        _clock(m, since + 50)
-        assert flow("fsck").output == f"{summary(flow, 1, 1)}\nclean\n"
-        _clock(m, since + 300)
-        r = flow("fsck")
+    # within lease x takeover_factor its heartbeat may yet show up (a shared filesystem)
+    assert _fsck_at(flow, monkeypatch, since + 50) == (0, f"{summary(flow, 1, 1)}\nclean\n")
     ghost = (
         f"problem: dead_owner: job {job['key']}: running, held by manager m-ghost on "
         f"{ELSEWHERE}, which has no heartbeat, since {_stamp(since)} (5 min ago); the next "
         "manager recovers it"
     )
-    assert (r.exit_code, r.output) == (1, f"{summary(flow, 1, 1)}\n{ghost}\n")
+    assert _fsck_at(flow, monkeypatch, since + 300) == _one_problem(flow, ghost)
 
 
 def test_a_payload_whose_birth_marker_was_never_moved_out_is_reported_never_moved(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -15,12 +14,18 @@ from manager.support import Managers, log_of
 
 from httk_flow.ops import steering
 from httk_flow.ops.gc import collect
-from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import locate_key
 from httk_flow.protocol.workspace import Workspace
 
-from .support import SUCCEEDS_AT, Flow, patch_policy, wait_state, write_script
+from .support import (
+    SUCCEEDS_AT,
+    Flow,
+    patch_policy,
+    wait_state,
+    walk_while_moving,
+    write_script,
+)
 
 
 def human(n: int) -> str:
@@ -126,31 +131,6 @@ def test_gc_with_the_default_policy_keeps_a_fresh_workspace_whole(
     assert attempts(flow, job) == ["a0001", "a0002"]
 
 
-def gc_while(root: str, after: State, move: Callable[[Workspace], None]) -> None:
-    """Run gc; once its reachability walk has listed state `after`, call `move(ws)`."""
-
-    class Choreographed(MarkerStream):
-        def close(self) -> None:
-            super().close()
-            if self.state is after and not done:
-                done.append(True)
-                other = Workspace.open(root)
-                try:
-                    move(other)
-                finally:
-                    other.close()
-
-    done: list[bool] = []
-    ws = Workspace.open(root)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("httk_flow.protocol.discovery.MarkerStream", Choreographed)
-            collect(ws, dry_run=False)
-    finally:
-        ws.close()
-    assert done, f"gc never walked {after.value}"
-
-
 def test_gc_keeps_the_history_of_a_job_resumed_while_it_walks(
     expiring: Flow, managers: Managers
 ) -> None:
@@ -163,7 +143,14 @@ def test_gc_keeps_the_history_of_a_job_resumed_while_it_walks(
         assert h is not None and h.state is State.FAILED
         steering.resume(ws, h)
 
-    gc_while(flow.root, State.READY, resume)
+    # gc's reachability walk has listed the ready jobs when the job is resumed into them
+    walk_while_moving(
+        flow.root,
+        "httk_flow.protocol.discovery.MarkerStream",
+        State.READY,
+        resume,
+        lambda ws: collect(ws, dry_run=False),
+    )
     r = flow("history", "resumed", "--json")
     assert r.exit_code == 0, r.output
     frames = orjson.loads(r.stdout)["transitions"]

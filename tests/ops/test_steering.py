@@ -12,6 +12,7 @@ from .support import (
     BROKEN_MAIN,
     Flow,
     live_processes,
+    serve_until_started,
     wait_state,
     write_script,
 )
@@ -34,11 +35,8 @@ def make_ready(flow: Flow, managers: Managers) -> None:
 def test_cancelling_a_running_job_stops_its_whole_process_group(
     flow: Flow, scripts: Path, managers: Managers
 ) -> None:
-    job = flow.submit("--tag", "sleepy", write_script(scripts, "sleepers.sh", SLEEPERS))
-    p = managers.start(flow.root, command="serve", workers=1)
-    run = flow.job_dir(job) / "run"
-    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
-    assert p.poll() is None, log_of(p)
+    sleepers = write_script(scripts, "sleepers.sh", SLEEPERS)
+    job, p, run = serve_until_started(flow, managers, "--tag", "sleepy", sleepers)
     [running] = [f for f in flow.history("sleepy") if f["to"] == "running"]
     pgid = running["attempt"]["pgid"]
     pids = {int((run / f).read_text()) for f in ("main.pid", "child.pid")}
@@ -116,10 +114,8 @@ def test_a_paused_ready_job_resumes_and_runs_to_success(flow: Flow, managers: Ma
 def test_a_running_job_pauses_when_its_attempt_ends_and_resumes_at_its_next_step(
     flow: Flow, scripts: Path, managers: Managers
 ) -> None:
-    job = flow.submit("--tag", "pausing", write_script(scripts, "adv.sh", ADVANCE_ON_RELEASE))
-    p = managers.start(flow.root, command="serve", workers=1)
-    run = flow.job_dir(job) / "run"
-    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    adv = write_script(scripts, "adv.sh", ADVANCE_ON_RELEASE)
+    job, p, run = serve_until_started(flow, managers, "--tag", "pausing", adv)
     assert flow.ok("pause", "pausing") == (
         f"{job['key']}: running -> running (pauses when its current attempt ends)\n"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 from helpers import wait_for
 from manager.support import Managers, log_of
 
-from .support import FLOW, SUCCEEDS_AT, Flow, follow, holds, write_script
+from .support import FLOW, SUCCEEDS_AT, Flow, follow, holds, serve_until_started, write_script
 
 #: prints a line, waits for $FLOW_WORKDIR/release, prints another
 TWO_LINES = """#!/bin/sh
@@ -60,10 +60,8 @@ def test_wait_exits_3_when_the_timeout_passes(flow: Flow) -> None:
 def test_wait_blocks_until_a_running_job_ends(
     flow: Flow, scripts: Path, managers: Managers
 ) -> None:
-    job = flow.submit("--tag", "slow", write_script(scripts, "two.sh", TWO_LINES))
-    p = managers.start(flow.root, command="serve", workers=1)
-    run = flow.job_dir(job) / "run"
-    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    two = write_script(scripts, "two.sh", TWO_LINES)
+    _, p, run = serve_until_started(flow, managers, "--tag", "slow", two)
     # a wait that watched the running job for a whole second did not return: it timed out
     r = flow("wait", "slow", "--timeout", "1")
     timed_out = "0/1 done: 0 succeeded, 0 failed, 0 cancelled (timed out)\n"
@@ -110,10 +108,8 @@ def test_logs_of_a_job_that_never_ran_say_so(flow: Flow) -> None:
 def test_logs_follow_prints_as_the_job_writes_and_ends_with_the_job(
     flow: Flow, scripts: Path, managers: Managers, tmp_path: Path
 ) -> None:
-    job = flow.submit("--tag", "talk", write_script(scripts, "two.sh", TWO_LINES))
-    p = managers.start(flow.root, command="serve", workers=1)
-    run = flow.job_dir(job) / "run"
-    wait_for(lambda: (run / "started").exists() or p.poll() is not None, 20)
+    two = write_script(scripts, "two.sh", TWO_LINES)
+    _, p, run = serve_until_started(flow, managers, "--tag", "talk", two)
     out = tmp_path / "followed"
     f = follow(flow.root, "talk", out)
     try:

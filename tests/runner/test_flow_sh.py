@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from helpers import waiting_outcome
 
 from httk_flow.errors import InvalidOutcome
 from httk_flow.protocol.outcome import Action, JoinMode, read_outcome
@@ -275,14 +276,7 @@ def test_wait_publishes_the_join_and_one_line_per_child(attempt: Path, tmp_path:
     """
     done = run(attempt, script)
     assert done.returncode == 0, done.stderr
-    out = read_outcome(str(attempt))
-    assert out is not None
-    assert (out.action, out.step, out.join, out.on_impossible) == (
-        Action.WAIT,
-        "collect",
-        JoinMode.ANY_SUCCEEDED,
-        "rescue",
-    )
+    out = waiting_outcome(attempt, "collect", JoinMode.ANY_SUCCEEDED, "rescue")
     kids = {c.label: c for c in out.children}
     assert list(kids) == ["c1", "c2", "last.one", "eq"]
     assert kids["c1"].tag is None and kids["c1"].program is None and kids["c1"].params == {}

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from helpers import waiting_outcome
 
 from httk_flow.errors import InvalidOutcome
-from httk_flow.protocol.outcome import Action, JoinMode, read_outcome
+from httk_flow.protocol.outcome import JoinMode, read_outcome
 from httk_flow.protocol.states import State
 from httk_flow.runner import Child, DuplicateOutcome, Runner, RunnerError
 
@@ -192,14 +193,7 @@ def test_wait_publishes_the_join_and_the_children(attempt: Path) -> None:
     finally:
         os.chdir(cwd)
     r.wait("collect", "any-succeeded", on_impossible="main")
-    out = read_outcome(str(attempt))
-    assert out is not None
-    assert (out.action, out.step, out.join, out.on_impossible) == (
-        Action.WAIT,
-        "collect",
-        JoinMode.ANY_SUCCEEDED,
-        "main",
-    )
+    out = waiting_outcome(attempt, "collect", JoinMode.ANY_SUCCEEDED, "main")
     c1, c2, c3 = out.children
     assert (c1.label, c1.tag, c1.program, c1.params) == ("c1", None, None, {})
     assert (c2.tag, c2.step, c2.params) == (
