@@ -369,9 +369,9 @@ def test_an_eos_scan_through_short_allocations_with_a_kill_and_a_freeze_matches_
         )
         thawed_by_slurm = process_state(pid) != "T"
         signalled = thawed_by_slurm or term_pending(pid)
+        if not thawed_by_slurm:
+            os.kill(pid, signal.SIGCONT)
         frozen_pid = None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)  # (when Slurm has not already)
         frozen_for = time.monotonic() - t_freeze
         taken_while_frozen = [k for k in takeovers(root) if k[1] == frozen]
         others = len([m for _, m, _ in commits(root) if m != frozen]) - before
