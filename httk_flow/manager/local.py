@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -18,7 +19,7 @@ from httk_flow.manager.log import ManagerLog
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence
 from httk_flow.protocol.jobs import fail
-from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.jobspec import JobSpec, duration_words
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
@@ -35,8 +36,14 @@ class LocalAttempt:
     plan: AttemptPlan
     proc: LaunchedProcess
     started: float
-    term_at: float | None = None  # when we sent TERM (drain or cancel)
+    #: this host's monotonic clock when the gate opened: the limit and elapsed time count
+    #: from it (a taker's new attempt starts its own)
+    opened: float = 0.0
+    #: seconds it may run (JobSpec.time_limit_after the snapshot's count), None: no limit
+    limit: float | None = None
+    term_at: float | None = None  # when we sent TERM (drain, cancel or time limit)
     interrupted: bool = False  # stopped by our drain: not charged to the job
+    timed_out: bool = False  # stopped by us at its time limit: a charged failure
 
 
 @dataclass
@@ -154,8 +161,11 @@ class LocalAttempts:
             return None
         crash_point("launch.after_spawn")
         assert claim_body.attempt is not None  # a claim names its attempt
+        # the limit comes from the journal (how many attempts of this activation reached
+        # theirs), never from memory: a manager that takes the job over computes the same
+        limit = spec.time_limit_after(claim_body.snap.timeouts)
         attempt = claim_body.attempt.launched(
-            pid=proc.pid, start_time=proc.start_time, dir=plan.dir
+            pid=proc.pid, start_time=proc.start_time, dir=plan.dir, limit=limit
         )
         body = claim_body.carry(attempt=attempt)
         try:
@@ -174,7 +184,9 @@ class LocalAttempts:
             return None
         crash_point("launch.after_running")
         proc.open_gate()
-        la = LocalAttempt(running, spec, body, plan, proc, self.clock())
+        la = LocalAttempt(
+            running, spec, body, plan, proc, self.clock(), opened=time.monotonic(), limit=limit
+        )
         self.by_key[running.key] = la
         if self.on_start:
             self.on_start(la)
@@ -185,18 +197,48 @@ class LocalAttempts:
         if self.leftovers:
             self._kill_leftovers(self.clock())
         done = self._retry_pending() if self.pending else []
+        mono = time.monotonic()
         for key, la in list(self.by_key.items()):
             rc = la.proc.poll()
             if rc is None:
-                if la.term_at is not None and self.clock() - la.term_at > self.kill_grace:
-                    la.proc.signal_group(signal.SIGKILL)
+                if la.term_at is not None:
+                    if self.clock() - la.term_at > self.kill_grace:
+                        la.proc.signal_group(signal.SIGKILL)
+                elif la.limit is not None and mono - la.opened >= la.limit:
+                    self._time_limit(la)
                 continue
             del self.by_key[key]
             la.proc.close()
             done.append(Finished(la.spec, self._settle(la, rc)))
         return done
 
+    def _time_limit(self, la: LocalAttempt) -> None:
+        """TERM the group of an attempt that reached its limit (KILL follows after the
+        grace, as for a drain); its ending is a charged failure."""
+        assert la.limit is not None
+        la.term_at = self.clock()
+        la.timed_out = True
+        la.proc.signal_group(signal.SIGTERM)
+        self.log.info(
+            f"{la.job.key}: time limit {duration_words(la.limit)} reached; "
+            "its process group was sent TERM",
+            job=la.job.key,
+            pgid=la.proc.pid,
+        )
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the earliest time limit of a running attempt (None: no limit),
+        for a loop that wants to wake exactly then rather than at its next poll."""
+        mono = time.monotonic()
+        left = [
+            la.opened + la.limit - mono
+            for la in self.by_key.values()
+            if la.limit is not None and la.term_at is None
+        ]
+        return max(0.0, min(left)) if left else None
+
     def _settle(self, la: LocalAttempt, rc: int) -> JobHandle | None:
+        elapsed = time.monotonic() - la.opened
         code, sig = (rc, None) if rc >= 0 else (None, -rc)
         if la.term_at is not None:
             # a stopped attempt may leave group members behind: make sure none survive
@@ -213,6 +255,11 @@ class LocalAttempts:
             )
         ending = self.committer.ending_from_dir(
             la.plan.dir, code, sig, interrupted=la.interrupted, drained=la.interrupted
+        )
+        ending = dataclasses.replace(
+            ending,
+            elapsed=elapsed,
+            time_limit=la.limit if la.timed_out else None,
         )
         if la.plan.staging:
             self._staging_used(la)
