@@ -14,7 +14,14 @@ from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
 from httk_flow.manager.attempts import OUTCOME_STAGING, AttemptPlan, prepare
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.decide import Ending
-from httk_flow.manager.launcher import LaunchedProcess, group_alive, launch, signal_group
+from httk_flow.manager.launcher import (
+    NOT_FOUND,
+    LaunchedProcess,
+    group_alive,
+    launch,
+    read_exec_failure,
+    signal_group,
+)
 from httk_flow.manager.log import ManagerLog
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence
@@ -142,6 +149,7 @@ class LocalAttempts:
                 env=plan.env,
                 stdout=plan.stdout,
                 stderr=plan.stderr,
+                exec_failure=plan.exec_failure,
                 context=plan.context,
             )
         except OSError as e:
@@ -260,6 +268,7 @@ class LocalAttempts:
             ending,
             elapsed=elapsed,
             time_limit=la.limit if la.timed_out else None,
+            exec_failure=self._exec_failure(la, rc) if la.term_at is None else None,
         )
         if la.plan.staging:
             self._staging_used(la)
@@ -287,6 +296,27 @@ class LocalAttempts:
                             self.ws, now, frame, "unsafe_path", e.render(), actor=self.actor
                         )
             return None
+
+    def _exec_failure(self, la: LocalAttempt, rc: int) -> tuple[str, str] | None:
+        """(code, message) when the launcher could not execute the program."""
+        said = read_exec_failure(la.plan.exec_failure, rc)
+        if said is None:
+            return None
+        prog = la.spec.program
+        where = la.plan.argv[0] if la.plan.argv else "?"
+        if prog.command:
+            what = f"the command {prog.command!r}"
+            found = "was not found on the attempt's PATH"
+        else:
+            what = f"the program {prog.name or where!r} (stored as {where})"
+            found = "was not found (or its #! interpreter was not)"
+        if said == NOT_FOUND:
+            return "program_not_found", f"{what} {found}; it was not retried"
+        return (
+            "program_not_executable",
+            f"{what} could not be executed (not an executable file, or its #! "
+            "interpreter is not); it was not retried",
+        )
 
     def _hold(self, p: Pending) -> None:
         p.next_at = self.clock() + p.delay
