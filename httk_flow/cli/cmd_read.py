@@ -154,14 +154,17 @@ def show(app: App, /, job: str, as_json: bool) -> None:
 
 
 def _limit_words(v: lookup.JobView) -> str:
-    """The limit, and what it grows by: `4s (2s, ×2 after each attempt stopped at it)`."""
+    """The limit, and how it grows: `4s (--time-limit 2s, ×2 after each attempt
+    stopped at its limit)`."""
     assert v.limit is not None
     words = duration_words(v.limit)
     spec = v.spec
     if spec is None or spec.time_limit is None or spec.time_limit_factor == 1:
         return words
-    base, factor = duration_words(spec.time_limit), f"{spec.time_limit_factor:g}"
-    return f"{words} ({base}, ×{factor} after each attempt of a step stopped at it)"
+    grows = f"×{spec.time_limit_factor:g} after each attempt stopped at its limit"
+    if v.limit == spec.time_limit:
+        return f"{words} ({grows})"
+    return f"{words} (--time-limit {duration_words(spec.time_limit)}, {grows})"
 
 
 @click.command("history")
