@@ -1,12 +1,12 @@
-"""The members of one journal frame as types: an attempt, its result, the decision of its
-commit, a failure, a join, a takeover's evidence, and `last`, the vocabulary of how the
-job's previous activity ended. Each parses itself from, and writes itself as, JSON.
+"""The members of one journal frame as types: the snapshot, an attempt, its result, the
+decision of its commit, a failure, a join, a takeover's evidence (`last`, the vocabulary
+of how the job's previous activity ended, is in last.py). Each parses itself from, and
+writes itself as, JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,77 +23,24 @@ from httk_flow.protocol.frame_fields import (
     opt_str,
     put,
 )
+from httk_flow.protocol.last import Last, LastKind
 from httk_flow.protocol.names import RecordRef
 from httk_flow.protocol.states import State
 
-# -- the vocabulary of `last`: how the job's previous activity ended -----------------
-
-
-class LastKind(enum.Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    ADVANCED = "advanced"
-    PAUSED = "paused"
-    WAITING = "waiting"
-    JOINED = "joined"
-    RESUMED = "resumed"
-    INTERRUPTED = "interrupted"
-    RETRYING = "retrying"  # a charged failure or a requested retry; the text says which
-    OTHER = "other"  # a word this version does not know (kept, never acted upon)
-
-
-#: failure codes written as `last` when a job is failed by the engine
-_FAILURE_WORDS = frozenset(
-    {
-        "protocol_error",
-        "budget_exhausted",
-        "manager_deaths",
-        "interrupted_too_often",
-        "commit_error",
-        "time_limit",
-        "program_not_found",
-        "program_not_executable",
-    }
-)
-_RETRY_PREFIXES = ("process failure:", "retry requested:", "time limit ")
-
-
-@dataclass(frozen=True, slots=True)
-class Last:
-    """`last`: its kind (what the engine acts upon) and its text (what the job is told
-    as `previous_end`, and what is written)."""
-
-    kind: LastKind
-    text: str
-
-    @classmethod
-    def of(cls, kind: LastKind) -> Last:
-        return cls(kind, kind.value)
-
-    @classmethod
-    def failed(cls, code: str) -> Last:
-        return cls(LastKind.FAILED, code)
-
-    @classmethod
-    def retrying(cls, why: str) -> Last:
-        return cls(LastKind.RETRYING, why)
-
-    @classmethod
-    def parse(cls, text: str) -> Last:
-        for kind in LastKind:
-            if text == kind.value and kind not in (LastKind.RETRYING, LastKind.OTHER):
-                return cls(kind, text)
-        if text in _FAILURE_WORDS:
-            return cls(LastKind.FAILED, text)
-        if text.startswith(_RETRY_PREFIXES):
-            return cls(LastKind.RETRYING, text)
-        return cls(LastKind.OTHER, text)
-
-    @property
-    def unclean(self) -> bool:
-        """The previous attempt was stopped from outside: the next start is a restart."""
-        return self.kind is LastKind.INTERRUPTED
-
+__all__ = [
+    "AttemptRecord",
+    "Changes",
+    "DecisionRecord",
+    "Evidence",
+    "Failure",
+    "Join",
+    "Joined",
+    "Killed",
+    "Last",
+    "LastKind",
+    "Result",
+    "Snapshot",
+]
 
 # -- the snapshot every frame carries -------------------------------------------------
 
