@@ -161,9 +161,11 @@ def launch(
     return LaunchedProcess(pid, proc_start_time(pid) or 0, w, pidfd)
 
 
-def read_exec_failure(path: str, returncode: int) -> str | None:
+def read_exec_failure(path: str, returncode: int) -> tuple[str, bool] | None:
     """What the launcher said when it could not execute the program: NOT_FOUND or
-    NOT_EXECUTABLE; None when it said nothing (the exit status is the program's own).
+    NOT_EXECUTABLE, and whether the exec itself failed (the program was there, but
+    something it names, such as its #! interpreter, was not); None when the launcher
+    said nothing: the exit status is the program's own.
 
     Read only for the launcher's own statuses, 127 and 126: one open per such exit."""
     if returncode not in (126, 127):
@@ -176,9 +178,9 @@ def read_exec_failure(path: str, returncode: int) -> str | None:
     if not words:
         return None
     if words[0] in (NOT_FOUND, NOT_EXECUTABLE):
-        return words[0]
+        return words[0], False
     if words[0] == EXEC_ERROR:
-        return NOT_FOUND if returncode == 127 else NOT_EXECUTABLE
+        return (NOT_FOUND if returncode == 127 else NOT_EXECUTABLE), True
     return None
 
 

@@ -302,21 +302,25 @@ class LocalAttempts:
         said = read_exec_failure(la.plan.exec_failure, rc)
         if said is None:
             return None
+        word, by_exec = said
+        code = "program_not_found" if word == NOT_FOUND else "program_not_executable"
         prog = la.spec.program
         where = la.plan.argv[0] if la.plan.argv else "?"
         if prog.command:
             what = f"the command {prog.command!r}"
-            found = "was not found on the attempt's PATH"
         else:
             what = f"the program {prog.name or where!r} (stored as {where})"
-            found = "was not found (or its #! interpreter was not)"
-        if said == NOT_FOUND:
-            return "program_not_found", f"{what} {found}; it was not retried"
-        return (
-            "program_not_executable",
-            f"{what} could not be executed (not an executable file, or its #! "
-            "interpreter is not); it was not retried",
-        )
+        if by_exec:
+            why = (
+                "its #! interpreter was not found"
+                if word == NOT_FOUND
+                else "its #! interpreter is not executable, or it is not a program"
+            )
+            return code, f"{what} could not be executed: {why}; it was not retried"
+        if word == NOT_FOUND:
+            found = "was not found on the attempt's PATH" if prog.command else "was not found"
+            return code, f"{what} {found}; it was not retried"
+        return code, f"{what} is not an executable file; it was not retried"
 
     def _hold(self, p: Pending) -> None:
         p.next_at = self.clock() + p.delay
