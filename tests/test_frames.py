@@ -384,7 +384,7 @@ def test_members_a_newer_version_wrote_are_kept() -> None:
 FRAME_MODULES = {"protocol/frames.py", "protocol/members.py", "protocol/frame_fields.py"}
 MEMBERS = (
     "step act try tries intr deaths last join_ref attempt result decision failure join joined "
-    "evidence requests set_priority why"
+    "evidence requests set_priority why charged timeouts"
 ).split()
 #: other documents that share member names: read by key in their own parsers
 OTHER_DOCUMENTS = {

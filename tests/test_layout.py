@@ -50,6 +50,7 @@ DOCUMENTED = {
     layout.context_file(ATTEMPT),
     layout.stdout_file(ATTEMPT),
     layout.stderr_file(ATTEMPT),
+    layout.exec_failed_file(ATTEMPT),
     layout.work_dir(ATTEMPT) + "/",
     layout.children_list(ATTEMPT),
     layout.outcome_file(layout.outcome_ready(ATTEMPT)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 import click
@@ -11,9 +12,19 @@ from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
+from httk_flow.protocol.durations import format_duration
+from httk_flow.protocol.jobspec import duration_words
 from httk_flow.protocol.states import State
 
 STATE_NAMES = [s.value for s in State]
+
+
+def _limit(seconds: float | None) -> str:
+    return duration_words(seconds) if seconds is not None else "-"
+
+
+def _elapsed(seconds: float | None) -> str:
+    return format_duration(seconds) if seconds is not None else "-"
 
 
 def _when(t: object) -> str:
@@ -39,7 +50,7 @@ def list_(
         app.json({"jobs": [r.to_json() for r in rows]})
         return
     app.table(
-        ["ID", "TAG", "STATE", "STEP", "PRIO", "ATTEMPTS", "PLACEMENT"],
+        ["ID", "TAG", "STATE", "STEP", "PRIO", "ATTEMPTS", "ELAPSED", "LIMIT", "PLACEMENT"],
         [
             [
                 r.handle.job_id[:12],
@@ -48,6 +59,8 @@ def list_(
                 r.step,
                 r.handle.marker.priority,
                 r.attempts,
+                _elapsed(r.elapsed),
+                _limit(r.limit),
                 r.handle.placement,
             ]
             for r in rows
@@ -76,6 +89,8 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         "placement": h.placement,
         "directory": ws.job_dir(h.placement, h.key),
         "activation": v.activation,
+        "limit": v.limit,
+        "elapsed": round(elapsed, 3) if (elapsed := v.elapsed) is not None else None,
         "attempts": [a.to_json() for a in v.attempts],
         "definition": v.spec.to_dict() if v.spec else None,
     }
@@ -103,6 +118,13 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         lines.append(("program", " ".join([str(prog), *spec.args])))
         if spec.params:
             lines.append(("params", " ".join(f"{k}={v}" for k, v in spec.params.items())))
+        if spec.time is not None:
+            lines.append(("time", f"{duration_words(spec.time)} (request)"))
+    if v.limit is not None:
+        lines.append(("limit", _limit_words(v)))
+    if v.elapsed is not None:
+        running = h.state is State.RUNNING
+        lines.append(("elapsed", f"{_elapsed(v.elapsed)}{' so far' if running else ''}"))
     if v.spec_error:
         lines.append(("definition", f"unreadable: {v.spec_error}"))
     if h.state is State.FAILED and v.failure is not None:
@@ -112,8 +134,9 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         app.echo(f"{k.ljust(width)}  {val}")
     if v.attempts:
         app.echo("")
+        now = time.time()
         app.table(
-            ["ATTEMPT", "STEP", "STATE", "HOST", "PID", "RESULT"],
+            ["ATTEMPT", "STEP", "STATE", "HOST", "PID", "ELAPSED", "LIMIT", "RESULT"],
             [
                 [
                     a.record.n,
@@ -121,11 +144,27 @@ def show(app: App, /, job: str, as_json: bool) -> None:
                     a.state.value,
                     a.record.host,
                     a.record.pid,
+                    _elapsed(a.elapsed_at(now)),
+                    _limit(a.limit),
                     a.result_words,
                 ]
                 for a in v.attempts
             ],
         )
+
+
+def _limit_words(v: lookup.JobView) -> str:
+    """The limit, and how it grows: `4s (--time-limit 2s, ×2 after each attempt
+    stopped at its limit)`."""
+    assert v.limit is not None
+    words = duration_words(v.limit)
+    spec = v.spec
+    if spec is None or spec.time_limit is None or spec.time_limit_factor == 1:
+        return words
+    grows = f"×{spec.time_limit_factor:g} after each attempt stopped at its limit"
+    if v.limit == spec.time_limit:
+        return f"{words} ({grows})"
+    return f"{words} (--time-limit {duration_words(spec.time_limit)}, {grows})"
 
 
 @click.command("history")

@@ -15,7 +15,7 @@ from httk_flow.errors import UsageError
 from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
-from httk_flow.protocol.jobspec import DEFAULT_RETRIES
+from httk_flow.protocol.jobspec import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRIES
 from httk_flow.protocol.names import DEFAULT_PRIORITY
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 
@@ -129,13 +129,46 @@ class SubmitCommand(click.Command):
 @click.option("--placement", default=None, help="Relative directory for the job.")
 @click.option("--pool", default=None, help="Only managers serving this pool run it.")
 @click.option("--requires", multiple=True, metavar="CAP", help="A needed capability.")
-@click.option("--time", "time_", default=None, help="Expected runtime, e.g. 90s, 15m, 2h.")
+@click.option(
+    "--time",
+    "time_",
+    default=None,
+    metavar="DURATION",
+    help="Expected runtime (90s, 15m, 2h): what a manager fits into the time it has left.",
+)
+@click.option(
+    "--time-limit",
+    "time_limit",
+    default=None,
+    metavar="DURATION",
+    help="Stop an attempt that runs this long (TERM, KILL after the kill grace): a "
+    "failure, code time_limit, retried within --retries.",
+)
+@click.option(
+    "--time-limit-factor",
+    "time_limit_factor",
+    type=float,
+    default=1,
+    show_default=True,
+    metavar="F",
+    help="Multiply the limit (and --time) by F after each attempt of the step stopped at it.",
+)
 @click.option(
     "--retries",
     type=int,
     default=DEFAULT_RETRIES,
     show_default=True,
     help="Extra attempts per activation after a process failure.",
+)
+@click.option(
+    "--max-attempts",
+    "max_attempts",
+    type=int,
+    default=DEFAULT_MAX_ATTEMPTS,
+    show_default=True,
+    metavar="N",
+    help="Failed attempts over the job's life before it fails (drains, takeovers and "
+    "advances do not count; flow resume starts it again).",
 )
 @click.option(
     "--workdir",
@@ -174,6 +207,7 @@ def submit(
     inputs: tuple[str, ...],
     requires: tuple[str, ...],
     time_: str | None,
+    time_limit: str | None,
     array: str | None,
     from_file: str | None,
     input_max: str | None,
@@ -193,6 +227,7 @@ def submit(
         input_max=parse_size(input_max) if input_max is not None else DEFAULT_INPUT_MAX,
         requires=list(requires),
         time=parse_duration(time_, "--time") if time_ else None,
+        time_limit=parse_duration(time_limit, "--time-limit") if time_limit else None,
         **opts,
     )
     ws = app.ws

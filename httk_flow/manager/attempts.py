@@ -87,6 +87,8 @@ class AttemptPlan:
     env: dict[str, str]
     stdout: str
     stderr: str
+    #: where the launcher says that it could not execute the program
+    exec_failure: str
     #: (path, text) of context.json for the launcher to write; None once it is written
     context: tuple[str, str] | None = None
     staging: bool = False  # an empty OUTCOME_STAGING was made for the runner
@@ -194,6 +196,7 @@ def prepare(
         env,
         layout.stdout_file(adir),
         layout.stderr_file(adir),
+        layout.exec_failed_file(adir),
         launcher_writes,
         staging,
     )

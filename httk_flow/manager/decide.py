@@ -15,7 +15,7 @@ from httk_flow.protocol.frames import (
     Result,
     Snapshot,
 )
-from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.jobspec import JobSpec, duration_words
 from httk_flow.protocol.outcome import Action, ChildDef, Outcome
 from httk_flow.protocol.states import State
 
@@ -37,6 +37,10 @@ class Ending:
     interrupted: bool = False  # we (drain) or a dead manager stopped it: not the job's fault
     drained: bool = False  # the interruption was our own orderly drain (walltime, signal)
     owner_died: bool = False  # taken over from a manager that died while it ran
+    time_limit: float | None = None  # its manager stopped it at this limit (seconds)
+    #: the launcher could not execute the program: (failure code, message); never retried
+    exec_failure: tuple[str, str] | None = None
+    elapsed: float | None = None  # seconds it ran, as its manager timed it
 
     def record(self) -> Result:
         """What the frames of the commit record about this ending."""
@@ -46,6 +50,8 @@ class Ending:
             outcome=self.outcome.to_json() if self.outcome is not None else None,
             outcome_error=self.outcome_error or None,
             interrupted=("drain" if self.drained else "takeover") if self.interrupted else None,
+            time_limit=self.time_limit,
+            elapsed=round(self.elapsed, 3) if self.elapsed is not None else None,
         )
 
 
@@ -92,13 +98,18 @@ def _decide(
     backoff_cap: float,
 ) -> Decision:
     step = snap.step or spec.step
-    act, tried, tries, intr, deaths = snap.act, snap.try_, snap.tries, snap.intr, snap.deaths
+    act, tried, intr, deaths = snap.act, snap.try_, snap.intr, snap.deaths
 
-    def failed(code: str, message: str) -> Decision:
-        failure = Failure(code, message, retryable=code == "budget_exhausted")
-        return Decision(State.FAILED, code, Changes(failure=failure, last=Last.failed(code)))
+    def failed(code: str, message: str, changes: Changes | None = None) -> Decision:
+        retryable = code in ("budget_exhausted", "time_limit")
+        failure = Failure(code, message, retryable=retryable)
+        return Decision(
+            State.FAILED,
+            code,
+            (changes or Changes()).but(failure=failure, last=Last.failed(code)),
+        )
 
-    def again(why: str, *, charged: bool, counted: bool = True) -> Decision:
+    def again(why: str, *, charged: bool, counted: bool = True, limited: bool = False) -> Decision:
         last = Last.of(LastKind.INTERRUPTED) if not charged else Last.retrying(why)
         if not charged and not counted:
             # a drain at walltime is how long jobs live: it counts against nothing
@@ -122,24 +133,41 @@ def _decide(
             if ending.owner_died:
                 changes = changes.but(deaths=deaths + 1)
             return Decision(State.READY, why, changes)
-        # interruptions are not the job's fault: they count against no budget
-        if tried > spec.retries or tries - intr >= spec.max_attempts:
-            budget = "retries" if tried > spec.retries else "max_attempts"
+        # a charged failure: of this activation's tries (--retries) and of the job's life
+        # (max_attempts). Interruptions, drains, advances and joins count against neither.
+        counts = Changes(charged=snap.charged + 1, timeouts=snap.timeouts + 1 if limited else None)
+        if tried > spec.retries or snap.charged + 1 >= spec.max_attempts:
+            if tried > spec.retries:
+                budget = f"retries budget ({spec.retries} per activation)"
+            else:
+                budget = f"max_attempts budget ({spec.max_attempts} failed attempts)"
             return failed(
-                "budget_exhausted",
-                f"step {step} failed {tried} time(s) ({why}); the {budget} budget is spent",
+                "time_limit" if limited else "budget_exhausted",
+                f"step {step} failed {tried} time(s) in this activation ({why}); "
+                f"the {budget} is spent",
+                counts,
             )
         delay = min(backoff_cap, backoff_base * (2 ** max(0, tried - 1)))
         return Decision(
-            State.READY, why, Changes(last=last), not_before=math.ceil(now + delay) if delay else 0
+            State.READY,
+            why,
+            counts.but(last=last),
+            not_before=math.ceil(now + delay) if delay else 0,
         )
 
+    if ending.exec_failure is not None:
+        # the program never ran: no try of it can go differently, so none is made
+        return failed(*ending.exec_failure)
     if ending.outcome_error is not None:
         return failed("protocol_error", ending.outcome_error)
     out = ending.outcome
     if out is None:
         if ending.interrupted:
             return again("interrupted", charged=False, counted=not ending.drained)
+        if ending.time_limit is not None:
+            # stopped at its limit, whatever its exit status: it did not finish
+            limit = duration_words(ending.time_limit)
+            return again(f"time limit {limit} reached", charged=True, limited=True)
         if ending.exit_code == 0:
             if spec.require_outcome:
                 return failed(

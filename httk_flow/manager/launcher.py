@@ -20,11 +20,14 @@ from httk_flow.protocol.procs import group_members_alive, proc_start_time, proce
 
 __all__ = [
     "GATE_CLOSED",
+    "NOT_EXECUTABLE",
+    "NOT_FOUND",
     "LaunchedProcess",
     "group_alive",
     "launch",
     "proc_start_time",
     "process_alive",
+    "read_exec_failure",
     "signal_group",
 ]
 
@@ -33,12 +36,30 @@ GATE_CLOSED = 125
 #: the text of the file the launcher writes: in the environment, which only the job's
 #: owner can read (argv is visible to every user of the host); unset before the exec
 _CONTEXT_VAR = layout.ENV_LAUNCH_CONTEXT
+#: the first word of the file the launcher writes when it cannot execute the program
+NOT_FOUND = "not_found"
+NOT_EXECUTABLE = "not_executable"
+EXEC_ERROR = "exec"  # the exec itself failed; its exit status follows (127, 126)
 #: the launcher: open its output files, write context.json if given, enter the workdir,
-#: wait for the gate, then become the program
+#: wait for the gate, then become the program. Before the exec it looks the program up
+#: with the shell's builtins (a file: executable and not a directory; a name: found on
+#: PATH): one that cannot be executed is said in $5 and on stderr, and the launcher exits
+#: 127 or 126 as a shell does. An exec that fails all the same (a #! interpreter that is
+#: missing) is said in $5 by the EXIT trap where the shell runs it (dash does; bash ends
+#: at once), so a program's own exit 127 is never taken for the launcher's.
 _SCRIPT = (
     f'exec >>"$1" 2>>"$2" || exit 126; if [ -n "$3" ]; then printf %s "${_CONTEXT_VAR}" >"$3" '
-    f'|| exit 126; fi; unset {_CONTEXT_VAR}; cd -- "$4" || exit 126; shift 4; '
-    f'read -r _ || exit {GATE_CLOSED}; exec "$@" </dev/null'
+    f'|| exit 126; fi; unset {_CONTEXT_VAR}; cd -- "$4" || exit 126; _flow_x=$5; shift 5; '
+    f"read -r _ || exit {GATE_CLOSED}; _flow_w=; "
+    'case $1 in */*) if [ -f "$1" ] && [ -x "$1" ]; then :; elif [ -e "$1" ]; '
+    f"then _flow_w={NOT_EXECUTABLE}; else _flow_w={NOT_FOUND}; fi;; "
+    f'*) command -v "$1" >/dev/null || _flow_w={NOT_FOUND};; esac; '
+    'if [ -n "$_flow_w" ]; then echo "$_flow_w $1" >"$_flow_x"; '
+    f'if [ "$_flow_w" = {NOT_FOUND} ]; then '
+    'echo "flow: the program $1 was not found" >&2; exit 127; fi; '
+    'echo "flow: the program $1 is not an executable file" >&2; exit 126; fi; '
+    f"trap 'echo {EXEC_ERROR} $? >\"$_flow_x\"' EXIT; "
+    'exec "$@" </dev/null'
 )
 
 
@@ -106,17 +127,19 @@ def launch(
     env: dict[str, str],
     stdout: str,
     stderr: str,
+    exec_failure: str,
     context: tuple[str, str] | None = None,
 ) -> LaunchedProcess:
     """Start argv behind a closed gate, in a new process group, output to the given files.
 
-    `context` (path, text) is a file the launcher writes before it waits on the gate.
+    `context` (path, text) is a file the launcher writes before it waits on the gate;
+    `exec_failure` the file it writes when it cannot execute argv[0] (read_exec_failure).
     posix_spawn (vfork underneath) costs a fraction of forking the manager's address space.
     """
     ctx_path = ""
     if context is not None:
         ctx_path, env = context[0], {**env, _CONTEXT_VAR: context[1]}
-    args = ["/bin/sh", "-c", _SCRIPT, "flow-attempt", stdout, stderr, ctx_path, cwd]
+    args = ["/bin/sh", "-c", _SCRIPT, "flow-attempt", stdout, stderr, ctx_path, cwd, exec_failure]
     r, w = os.pipe()  # both ends close-on-exec; the read end is dup'ed to the gate's stdin
     try:
         pid = os.posix_spawn(
@@ -136,6 +159,29 @@ def launch(
     except OSError:
         pidfd = -1
     return LaunchedProcess(pid, proc_start_time(pid) or 0, w, pidfd)
+
+
+def read_exec_failure(path: str, returncode: int) -> tuple[str, bool] | None:
+    """What the launcher said when it could not execute the program: NOT_FOUND or
+    NOT_EXECUTABLE, and whether the exec itself failed (the program was there, but
+    something it names, such as its #! interpreter, was not); None when the launcher
+    said nothing: the exit status is the program's own.
+
+    Read only for the launcher's own statuses, 127 and 126: one open per such exit."""
+    if returncode not in (126, 127):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            words = fh.read(4096).decode(errors="replace").split()
+    except OSError:
+        return None
+    if not words:
+        return None
+    if words[0] in (NOT_FOUND, NOT_EXECUTABLE):
+        return words[0], False
+    if words[0] == EXEC_ERROR:
+        return (NOT_FOUND if returncode == 127 else NOT_EXECUTABLE), True
+    return None
 
 
 def signal_group(pgid: int, sig: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -13,12 +14,19 @@ from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
 from httk_flow.manager.attempts import OUTCOME_STAGING, AttemptPlan, prepare
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.decide import Ending
-from httk_flow.manager.launcher import LaunchedProcess, group_alive, launch, signal_group
+from httk_flow.manager.launcher import (
+    NOT_FOUND,
+    LaunchedProcess,
+    group_alive,
+    launch,
+    read_exec_failure,
+    signal_group,
+)
 from httk_flow.manager.log import ManagerLog
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence
 from httk_flow.protocol.jobs import fail
-from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.jobspec import JobSpec, duration_words
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
@@ -35,8 +43,14 @@ class LocalAttempt:
     plan: AttemptPlan
     proc: LaunchedProcess
     started: float
-    term_at: float | None = None  # when we sent TERM (drain or cancel)
+    #: this host's monotonic clock when the gate opened: the limit and elapsed time count
+    #: from it (a taker's new attempt starts its own)
+    opened: float = 0.0
+    #: seconds it may run (JobSpec.time_limit_after the snapshot's count), None: no limit
+    limit: float | None = None
+    term_at: float | None = None  # when we sent TERM (drain, cancel or time limit)
     interrupted: bool = False  # stopped by our drain: not charged to the job
+    timed_out: bool = False  # stopped by us at its time limit: a charged failure
 
 
 @dataclass
@@ -135,6 +149,7 @@ class LocalAttempts:
                 env=plan.env,
                 stdout=plan.stdout,
                 stderr=plan.stderr,
+                exec_failure=plan.exec_failure,
                 context=plan.context,
             )
         except OSError as e:
@@ -154,8 +169,11 @@ class LocalAttempts:
             return None
         crash_point("launch.after_spawn")
         assert claim_body.attempt is not None  # a claim names its attempt
+        # the limit comes from the journal (how many attempts of this activation reached
+        # theirs), never from memory: a manager that takes the job over computes the same
+        limit = spec.time_limit_after(claim_body.snap.timeouts)
         attempt = claim_body.attempt.launched(
-            pid=proc.pid, start_time=proc.start_time, dir=plan.dir
+            pid=proc.pid, start_time=proc.start_time, dir=plan.dir, limit=limit
         )
         body = claim_body.carry(attempt=attempt)
         try:
@@ -174,7 +192,9 @@ class LocalAttempts:
             return None
         crash_point("launch.after_running")
         proc.open_gate()
-        la = LocalAttempt(running, spec, body, plan, proc, self.clock())
+        la = LocalAttempt(
+            running, spec, body, plan, proc, self.clock(), opened=time.monotonic(), limit=limit
+        )
         self.by_key[running.key] = la
         if self.on_start:
             self.on_start(la)
@@ -185,18 +205,48 @@ class LocalAttempts:
         if self.leftovers:
             self._kill_leftovers(self.clock())
         done = self._retry_pending() if self.pending else []
+        mono = time.monotonic()
         for key, la in list(self.by_key.items()):
             rc = la.proc.poll()
             if rc is None:
-                if la.term_at is not None and self.clock() - la.term_at > self.kill_grace:
-                    la.proc.signal_group(signal.SIGKILL)
+                if la.term_at is not None:
+                    if self.clock() - la.term_at > self.kill_grace:
+                        la.proc.signal_group(signal.SIGKILL)
+                elif la.limit is not None and mono - la.opened >= la.limit:
+                    self._time_limit(la)
                 continue
             del self.by_key[key]
             la.proc.close()
             done.append(Finished(la.spec, self._settle(la, rc)))
         return done
 
+    def _time_limit(self, la: LocalAttempt) -> None:
+        """TERM the group of an attempt that reached its limit (KILL follows after the
+        grace, as for a drain); its ending is a charged failure."""
+        assert la.limit is not None
+        la.term_at = self.clock()
+        la.timed_out = True
+        la.proc.signal_group(signal.SIGTERM)
+        self.log.info(
+            f"{la.job.key}: time limit {duration_words(la.limit)} reached; "
+            "its process group was sent TERM",
+            job=la.job.key,
+            pgid=la.proc.pid,
+        )
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the earliest time limit of a running attempt (None: no limit),
+        for a loop that wants to wake exactly then rather than at its next poll."""
+        mono = time.monotonic()
+        left = [
+            la.opened + la.limit - mono
+            for la in self.by_key.values()
+            if la.limit is not None and la.term_at is None
+        ]
+        return max(0.0, min(left)) if left else None
+
     def _settle(self, la: LocalAttempt, rc: int) -> JobHandle | None:
+        elapsed = time.monotonic() - la.opened
         code, sig = (rc, None) if rc >= 0 else (None, -rc)
         if la.term_at is not None:
             # a stopped attempt may leave group members behind: make sure none survive
@@ -213,6 +263,12 @@ class LocalAttempts:
             )
         ending = self.committer.ending_from_dir(
             la.plan.dir, code, sig, interrupted=la.interrupted, drained=la.interrupted
+        )
+        ending = dataclasses.replace(
+            ending,
+            elapsed=elapsed,
+            time_limit=la.limit if la.timed_out else None,
+            exec_failure=self._exec_failure(la, rc) if la.term_at is None else None,
         )
         if la.plan.staging:
             self._staging_used(la)
@@ -240,6 +296,31 @@ class LocalAttempts:
                             self.ws, now, frame, "unsafe_path", e.render(), actor=self.actor
                         )
             return None
+
+    def _exec_failure(self, la: LocalAttempt, rc: int) -> tuple[str, str] | None:
+        """(code, message) when the launcher could not execute the program."""
+        said = read_exec_failure(la.plan.exec_failure, rc)
+        if said is None:
+            return None
+        word, by_exec = said
+        code = "program_not_found" if word == NOT_FOUND else "program_not_executable"
+        prog = la.spec.program
+        where = la.plan.argv[0] if la.plan.argv else "?"
+        if prog.command:
+            what = f"the command {prog.command!r}"
+        else:
+            what = f"the program {prog.name or where!r} (stored as {where})"
+        if by_exec:
+            why = (
+                "its #! interpreter was not found"
+                if word == NOT_FOUND
+                else "its #! interpreter is not executable, or it is not a program"
+            )
+            return code, f"{what} could not be executed: {why}; it was not retried"
+        if word == NOT_FOUND:
+            found = "was not found on the attempt's PATH" if prog.command else "was not found"
+            return code, f"{what} {found}; it was not retried"
+        return code, f"{what} is not an executable file; it was not retried"
 
     def _hold(self, p: Pending) -> None:
         p.next_at = self.clock() + p.delay

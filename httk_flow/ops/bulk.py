@@ -16,7 +16,7 @@ from httk_flow.protocol.submit import SubmitRequest
 #: members a line of a --from file may carry (CLI.md), plus a few of ours
 LINE_KEYS = frozenset(
     "name tag step params priority placement pool requires time retries args "
-    "program inputs workdir require_outcome".split()
+    "program inputs workdir require_outcome time_limit time_limit_factor max_attempts".split()
 )
 MAX_ARRAY = 10_000_000
 
@@ -130,13 +130,17 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
     req = dataclasses.replace(base, params=dict(base.params), origin=obj)
     try:
         for k, v in data.items():
-            if k == "time":
+            if k in ("time", "time_limit"):
                 if isinstance(v, str):
-                    req.time = parse_duration(v, "time")
+                    setattr(req, k, parse_duration(v, k))
                 elif isinstance(v, int | float) and not isinstance(v, bool):
-                    req.time = float(v)
+                    setattr(req, k, float(v))
                 else:
-                    raise UsageError("must be seconds or a duration string", obj="time")
+                    raise UsageError("must be seconds or a duration string", obj=k)
+            elif k == "time_limit_factor":
+                if not isinstance(v, int | float) or isinstance(v, bool):
+                    raise UsageError("must be a number", obj=k)
+                req.time_limit_factor = float(v)
             elif k == "params":
                 if not isinstance(v, dict):
                     raise UsageError("must be an object", obj="params")
@@ -145,7 +149,7 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
                 if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                     raise UsageError("must be a list of strings", obj=k)
                 setattr(req, k, list(v))
-            elif k in ("priority", "retries"):
+            elif k in ("priority", "retries", "max_attempts"):
                 if not isinstance(v, int) or isinstance(v, bool):
                     raise UsageError("must be an integer", obj=k)
                 setattr(req, k, v)

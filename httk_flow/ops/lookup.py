@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, JobNotFound
@@ -12,7 +12,7 @@ from httk_flow.protocol import names
 from httk_flow.protocol.discovery import markers_of_placement
 from httk_flow.protocol.frames import AttemptRecord, Failure, Frame, Result
 from httk_flow.protocol.jobs import all_jobs, history, load_spec
-from httk_flow.protocol.jobspec import JobSpec
+from httk_flow.protocol.jobspec import JobSpec, duration_words
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
@@ -101,6 +101,20 @@ class JobView:
         return self.frame.body.failure if self.frame is not None else None
 
     @property
+    def limit(self) -> float | None:
+        """The time limit of the job's running attempt, else of its next, else (a job
+        that ended) of its last; None: no limit."""
+        if self.frame is None:
+            return None
+        return limit_of(self.handle.state, self.frame, lambda: self.spec)
+
+    @property
+    def elapsed(self) -> float | None:
+        """How long the running attempt has run so far, else how long the last ran."""
+        runs = self.attempts
+        return runs[-1].elapsed_at(time.time()) if runs else None
+
+    @property
     def attempts(self) -> list[AttemptView]:
         """One entry per attempt that was launched, oldest first, with how it ended."""
         out: dict[str, AttemptView] = {}
@@ -130,6 +144,24 @@ class AttemptView:
     ended: float | None
     result: Result | None
 
+    @property
+    def limit(self) -> float | None:
+        """The time limit it ran under (None: none, or recorded by a version without)."""
+        return self.record.limit
+
+    def elapsed_at(self, now: float) -> float | None:
+        """Seconds it ran: as its manager timed it, else between its frames; while it
+        runs, until `now`."""
+        if self.result is not None:
+            if self.result.elapsed is not None:
+                return self.result.elapsed
+            if self.started is not None and self.ended is not None:
+                return max(0.0, self.ended - self.started)
+            return None
+        if self.state is State.RUNNING and self.started is not None:
+            return max(0.0, now - self.started)
+        return None
+
     def to_json(self) -> dict[str, object]:
         a = self.record
         d: dict[str, object] = {"id": a.id, "n": a.n, "step": a.step, "manager": a.manager}
@@ -144,6 +176,9 @@ class AttemptView:
         if self.result is not None:
             d["result"] = self.result.to_json()
             d["ended"] = self.ended
+        d["limit"] = self.limit
+        elapsed = self.elapsed_at(time.time())
+        d["elapsed"] = round(elapsed, 3) if elapsed is not None else None
         return d
 
     @property
@@ -158,6 +193,8 @@ class AttemptView:
             return "bad outcome"
         if r.interrupted:
             return f"interrupted ({r.interrupted})"
+        if r.time_limit is not None:
+            return f"time limit {duration_words(r.time_limit)}"
         if r.signal:
             return f"signal {r.signal}"
         return f"exit {r.exit}"
@@ -181,6 +218,8 @@ class JobRow:
     handle: JobHandle
     step: str
     attempts: int
+    limit: float | None = None  # JobView.limit
+    elapsed: float | None = None  # of the running attempt, else of the last one
 
     def to_json(self) -> dict[str, object]:
         h = self.handle
@@ -193,7 +232,46 @@ class JobRow:
             "priority": h.marker.priority,
             "attempts": self.attempts,
             "placement": h.placement,
+            "limit": self.limit,
+            "elapsed": round(self.elapsed, 3) if self.elapsed is not None else None,
         }
+
+
+#: states in which the frame a marker names records the attempt that ran last
+_RAN = frozenset(
+    {
+        State.RUNNING,
+        State.COMMITTING,
+        State.CANCELLING,
+        State.SUCCEEDED,
+        State.FAILED,
+        State.CANCELLED,
+    }
+)
+
+
+def limit_of(state: State, frame: Frame, spec: Callable[[], JobSpec | None]) -> float | None:
+    """The time limit of the job's running attempt, else of its next, else of its last.
+
+    A running (or ended) attempt's own limit is in its frame; the next attempt's is the
+    definition's, grown by the attempts of this activation that reached theirs, so only
+    jobs between attempts need `spec` (job.json, read only then)."""
+    att = frame.body.attempt
+    if state in _RAN and att is not None and att.pid is not None:
+        return att.limit
+    if state in (State.SUCCEEDED, State.CANCELLED):
+        return None  # never runs again
+    s = spec()
+    return s.time_limit_after(frame.snap.timeouts) if s is not None else None
+
+
+def _elapsed_of(state: State, frame: Frame, now: float) -> float | None:
+    """From the current frame alone: a running attempt's time so far (since its running
+    frame), or the time the last attempt ran as its commit recorded it."""
+    if state is State.RUNNING:
+        return max(0.0, now - frame.t)
+    r = frame.body.result
+    return r.elapsed if r is not None else None
 
 
 def list_rows(
@@ -211,9 +289,24 @@ def list_rows(
         if limit is not None and n >= limit:
             return
         try:
-            snap = ws.reader.frame(h.marker.ref).snap
-            step, tries = snap.step or "?", snap.tries
+            frame = ws.reader.frame(h.marker.ref)
         except FlowError:
-            step, tries = "?", 0
+            n += 1
+            yield JobRow(h, "?", 0)
+            continue
+        snap = frame.snap
+
+        def spec(h: JobHandle = h) -> JobSpec | None:
+            try:
+                return load_spec(ws, h.placement, h.key)
+            except FlowError:
+                return None
+
         n += 1
-        yield JobRow(h, step, tries)
+        yield JobRow(
+            h,
+            snap.step or "?",
+            snap.tries,
+            limit_of(h.state, frame, spec),
+            _elapsed_of(h.state, frame, time.time()),
+        )

@@ -138,8 +138,9 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
     if step is not None:
         names.check_ident(step, "step name")
     was = ws.reader.frame(job.marker.ref).body
-    # an operator looked: the interruption and manager-death counts start again
-    looked = was.snap.but(intr=0, deaths=0)
+    # an operator looked: a fresh budget. The counts of interruptions, manager deaths,
+    # charged failures (max_attempts) and time limits reached start again
+    looked = was.snap.but(intr=0, deaths=0, charged=0, timeouts=0)
     if st is State.PAUSED and was.join is not None and step is None:
         # a paused join goes back to waiting for its children
         body = was.carry(snap=looked, join=was.join, why="resumed")

@@ -65,7 +65,18 @@ __all__ = [
 # -- a frame: header and body ---------------------------------------------------------
 
 _HEADER = ("job", "key", "placement", "from", "to", "gen", "prev", "t", "by")
-_SNAPSHOT = ("step", "act", "try", "tries", "intr", "deaths", "last", "join_ref")
+_SNAPSHOT = (
+    "step",
+    "act",
+    "try",
+    "tries",
+    "intr",
+    "deaths",
+    "last",
+    "join_ref",
+    "charged",
+    "timeouts",
+)
 _MEMBERS = (
     "why",
     "message",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,8 +18,12 @@ MAX_ARGS = 4096
 MAX_PARAMS = 1024
 MAX_PARAM_VALUE = 64 * 1024
 DEFAULT_RETRIES = 2
-#: every attempt of a job over its whole life, across activations
+#: charged failures of a job over its whole life (across activations, until a resume)
 DEFAULT_MAX_ATTEMPTS = 100
+#: the longest time request or limit a job may give, and where a growing limit stops
+MAX_SECONDS = 10 * 365 * 86400
+#: the largest factor a time limit may grow by on each retry after it was reached
+MAX_LIMIT_FACTOR = 100.0
 ParamValue = str | int | float | bool
 WorkdirMode = Literal["persistent", "isolated"]
 
@@ -70,7 +75,21 @@ class JobSpec:
     parent: ParentRef | None = None
     array_index: int | None = None
     created: float = 0.0
+    #: seconds an attempt may run before its process group is stopped (None: no limit)
+    time_limit: float | None = None
+    #: what the limit and the time request are multiplied by after each attempt of the
+    #: activation that was stopped at its limit
+    time_limit_factor: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def time_limit_after(self, timeouts: int) -> float | None:
+        """The limit of an attempt after `timeouts` attempts of its activation reached
+        theirs (Snapshot.timeouts): time_limit × time_limit_factor ** timeouts."""
+        return _grown(self.time_limit, self.time_limit_factor, timeouts)
+
+    def time_request_after(self, timeouts: int) -> float | None:
+        """The time request (`time`) a manager fits an attempt by, grown as the limit is."""
+        return _grown(self.time, self.time_limit_factor, timeouts)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.extra)
@@ -105,6 +124,8 @@ class JobSpec:
             array_index=self.array_index,
             created=self.created,
         )
+        if self.time_limit is not None:
+            d.update(time_limit=self.time_limit, time_limit_factor=self.time_limit_factor)
         return d
 
     def to_json(self) -> bytes:
@@ -130,6 +151,27 @@ class JobSpec:
             raise InvalidJob(e.render(), obj=where) from None
 
 
+def _grown(seconds: float | None, factor: float, times: int) -> float | None:
+    if seconds is None or times <= 0 or factor == 1.0:
+        return seconds
+    # in logarithms: a factor raised to a large count would overflow a float
+    if math.log(seconds) + times * math.log(factor) >= math.log(MAX_SECONDS):
+        return float(MAX_SECONDS)
+    return float(seconds * factor**times)
+
+
+def duration_words(seconds: float) -> str:
+    """A duration as exactly as users write one: 2s, 1.5s, 15m, 1h30m, 2d."""
+    if seconds != int(seconds) or seconds < 60:
+        return f"{seconds:g}s"
+    out, rest = "", int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size:
+            out += f"{rest // size}{unit}"
+            rest %= size
+    return out
+
+
 class _Bad(Exception):
     pass
 
@@ -137,7 +179,8 @@ class _Bad(Exception):
 _KNOWN = frozenset(
     (
         "format id key tag name program args step params priority placement pool requires "
-        "time retries max_attempts workdir require_outcome parent array_index created"
+        "time retries max_attempts workdir require_outcome parent array_index created "
+        "time_limit time_limit_factor"
     ).split()
 )
 
@@ -219,8 +262,16 @@ def _parse(data: object) -> JobSpec:
     if pool is not None:
         names.check_label(pool, "pool")
     time_req = _get(data, "time", (int, float), None)
-    if time_req is not None and not 0 < time_req < 10 * 365 * 86400:
+    if time_req is not None and not 0 < time_req < MAX_SECONDS:
         raise _Bad("member 'time' must be a positive number of seconds")
+    time_limit = _get(data, "time_limit", (int, float), None)
+    if time_limit is not None and not 0 < time_limit < MAX_SECONDS:
+        raise _Bad("member 'time_limit' must be a positive number of seconds")
+    factor = _get(data, "time_limit_factor", (int, float), 1.0)
+    if not 1 <= factor <= MAX_LIMIT_FACTOR:
+        raise _Bad(f"member 'time_limit_factor' must be a number from 1 to {MAX_LIMIT_FACTOR:g}")
+    if time_limit is not None and time_req is not None and time_limit < time_req:
+        raise _Bad("member 'time_limit' is shorter than its time request ('time')")
     retries = _get(data, "retries", int, DEFAULT_RETRIES)
     max_attempts = _get(data, "max_attempts", int, DEFAULT_MAX_ATTEMPTS)
     if not 0 <= retries <= 1000 or not 1 <= max_attempts <= 100_000:
@@ -266,5 +317,7 @@ def _parse(data: object) -> JobSpec:
         parent=parent,
         array_index=array_index,
         created=float(_get(data, "created", (int, float), 0.0)),
+        time_limit=float(time_limit) if time_limit is not None else None,
+        time_limit_factor=float(factor),
         extra={k: v for k, v in data.items() if k not in _KNOWN},
     )

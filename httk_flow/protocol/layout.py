@@ -358,6 +358,11 @@ def stderr_file(attempt_dir: str) -> str:
     return os.path.join(attempt_dir, "stderr")
 
 
+def exec_failed_file(attempt_dir: str) -> str:
+    """Written by the launcher when it cannot execute the program (protocol.md §9)."""
+    return os.path.join(attempt_dir, "exec.failed")
+
+
 def outcome_ready(attempt_dir: str) -> str:
     """The published outcome directory."""
     return os.path.join(attempt_dir, OUTCOME_DIR)

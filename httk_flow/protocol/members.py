@@ -1,12 +1,12 @@
-"""The members of one journal frame as types: an attempt, its result, the decision of its
-commit, a failure, a join, a takeover's evidence, and `last`, the vocabulary of how the
-job's previous activity ended. Each parses itself from, and writes itself as, JSON.
+"""The members of one journal frame as types: the snapshot, an attempt, its result, the
+decision of its commit, a failure, a join, a takeover's evidence (`last`, the vocabulary
+of how the job's previous activity ended, is in last.py). Each parses itself from, and
+writes itself as, JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,74 +23,24 @@ from httk_flow.protocol.frame_fields import (
     opt_str,
     put,
 )
+from httk_flow.protocol.last import Last, LastKind
 from httk_flow.protocol.names import RecordRef
 from httk_flow.protocol.states import State
 
-# -- the vocabulary of `last`: how the job's previous activity ended -----------------
-
-
-class LastKind(enum.Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    ADVANCED = "advanced"
-    PAUSED = "paused"
-    WAITING = "waiting"
-    JOINED = "joined"
-    RESUMED = "resumed"
-    INTERRUPTED = "interrupted"
-    RETRYING = "retrying"  # a charged failure or a requested retry; the text says which
-    OTHER = "other"  # a word this version does not know (kept, never acted upon)
-
-
-#: failure codes written as `last` when a job is failed by the engine
-_FAILURE_WORDS = frozenset(
-    {
-        "protocol_error",
-        "budget_exhausted",
-        "manager_deaths",
-        "interrupted_too_often",
-        "commit_error",
-    }
-)
-_RETRY_PREFIXES = ("process failure:", "retry requested:")
-
-
-@dataclass(frozen=True, slots=True)
-class Last:
-    """`last`: its kind (what the engine acts upon) and its text (what the job is told
-    as `previous_end`, and what is written)."""
-
-    kind: LastKind
-    text: str
-
-    @classmethod
-    def of(cls, kind: LastKind) -> Last:
-        return cls(kind, kind.value)
-
-    @classmethod
-    def failed(cls, code: str) -> Last:
-        return cls(LastKind.FAILED, code)
-
-    @classmethod
-    def retrying(cls, why: str) -> Last:
-        return cls(LastKind.RETRYING, why)
-
-    @classmethod
-    def parse(cls, text: str) -> Last:
-        for kind in LastKind:
-            if text == kind.value and kind not in (LastKind.RETRYING, LastKind.OTHER):
-                return cls(kind, text)
-        if text in _FAILURE_WORDS:
-            return cls(LastKind.FAILED, text)
-        if text.startswith(_RETRY_PREFIXES):
-            return cls(LastKind.RETRYING, text)
-        return cls(LastKind.OTHER, text)
-
-    @property
-    def unclean(self) -> bool:
-        """The previous attempt was stopped from outside: the next start is a restart."""
-        return self.kind is LastKind.INTERRUPTED
-
+__all__ = [
+    "AttemptRecord",
+    "Changes",
+    "DecisionRecord",
+    "Evidence",
+    "Failure",
+    "Join",
+    "Joined",
+    "Killed",
+    "Last",
+    "LastKind",
+    "Result",
+    "Snapshot",
+]
 
 # -- the snapshot every frame carries -------------------------------------------------
 
@@ -98,7 +48,11 @@ class Last:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The job's state between moves. `step` "" means unknown (a frame that could not be
-    read when the job was failed); intr/deaths 0, last/join_ref None are not written."""
+    read when the job was failed); intr/deaths/charged/timeouts 0, last/join_ref None are
+    not written (so frames of versions that did not know a member read it as 0).
+
+    `timeouts` belongs to its activation: a snapshot of another activation (an advance, a
+    join's release, a resume) starts it again at 0 unless it is given."""
 
     step: str = ""
     act: int = 1  # activation: +1 at every advance or join release
@@ -108,8 +62,12 @@ class Snapshot:
     deaths: int = 0  # consecutive attempts whose manager died under them
     last: Last | None = None
     join_ref: RecordRef | None = None  # the waiting frame of the join that released it
+    charged: int = 0  # charged failures since submission or the last resume (max_attempts)
+    timeouts: int = 0  # attempts of this activation stopped at their time limit
 
     def but(self, **changes: Any) -> Snapshot:
+        if "act" in changes and changes["act"] != self.act and "timeouts" not in changes:
+            changes["timeouts"] = 0
         return dataclasses.replace(self, **changes)
 
     def to_json(self, d: Json) -> None:
@@ -126,6 +84,10 @@ class Snapshot:
             d["last"] = self.last.text
         if self.join_ref is not None:
             d["join_ref"] = str(self.join_ref)
+        if self.charged:
+            d["charged"] = self.charged
+        if self.timeouts:
+            d["timeouts"] = self.timeouts
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Snapshot:
@@ -139,6 +101,8 @@ class Snapshot:
             deaths=get_int(d, "deaths", 0),
             last=Last.parse(last) if last is not None else None,
             join_ref=opt_ref(d, "join_ref"),
+            charged=get_int(d, "charged", 0),
+            timeouts=get_int(d, "timeouts", 0),
         )
 
 
@@ -178,9 +142,14 @@ class AttemptRecord:
     pgid: int | None = None
     start_time: int | None = None  # the kernel's start time of pid: tells reuse apart
     dir: str | None = None
+    limit: float | None = None  # seconds it may run before its group is stopped
 
-    def launched(self, *, pid: int, start_time: int | None, dir: str) -> AttemptRecord:
-        return dataclasses.replace(self, pid=pid, pgid=pid, start_time=start_time, dir=dir)
+    def launched(
+        self, *, pid: int, start_time: int | None, dir: str, limit: float | None = None
+    ) -> AttemptRecord:
+        return dataclasses.replace(
+            self, pid=pid, pgid=pid, start_time=start_time, dir=dir, limit=limit
+        )
 
     def to_json(self) -> Json:
         d: Json = {
@@ -194,6 +163,7 @@ class AttemptRecord:
         put(d, "pgid", self.pgid)
         put(d, "start_time", self.start_time)
         put(d, "dir", self.dir)
+        put(d, "limit", self.limit)
         return d
 
     @classmethod
@@ -209,7 +179,15 @@ class AttemptRecord:
             pgid=opt_int(d, "pgid"),
             start_time=opt_int(d, "start_time"),
             dir=opt_str(d, "dir"),
+            limit=_opt_seconds(d, "limit"),
         )
+
+
+def _opt_seconds(d: Json, k: str) -> float | None:
+    v = opt_number(d, k)
+    if v is not None and v < 0:
+        raise BadFrame(k)
+    return float(v) if v is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +200,8 @@ class Result:
     outcome: Json | None = None
     outcome_error: str | None = None
     interrupted: str | None = None  # "drain" (our own stop) or "takeover"
+    time_limit: float | None = None  # stopped by its manager at this limit (seconds)
+    elapsed: float | None = None  # seconds from the gate's opening to the exit, as timed
 
     @property
     def outcome_words(self) -> str:
@@ -236,6 +216,8 @@ class Result:
         put(d, "outcome", self.outcome)
         put(d, "outcome_error", self.outcome_error)
         put(d, "interrupted", self.interrupted)
+        put(d, "time_limit", self.time_limit)
+        put(d, "elapsed", self.elapsed)
         return d
 
     @classmethod
@@ -249,6 +231,8 @@ class Result:
             outcome=out,
             outcome_error=opt_str(d, "outcome_error"),
             interrupted=opt_str(d, "interrupted"),
+            time_limit=_opt_seconds(d, "time_limit"),
+            elapsed=_opt_seconds(d, "elapsed"),
         )
 
 
@@ -403,6 +387,8 @@ class Changes:
     try_: int | None = None
     intr: int | None = None
     deaths: int | None = None
+    charged: int | None = None
+    timeouts: int | None = None
     last: Last | None = None
     clear_join_ref: bool = False
     message: str | None = None
@@ -413,15 +399,20 @@ class Changes:
         return dataclasses.replace(self, **changes)
 
     def snapshot(self, s: Snapshot) -> Snapshot:
+        act = s.act if self.act is None else self.act
+        # a time limit's count belongs to its activation (see Snapshot)
+        timeouts = (s.timeouts if act == s.act else 0) if self.timeouts is None else self.timeouts
         return Snapshot(
             step=s.step if self.step is None else self.step,
-            act=s.act if self.act is None else self.act,
+            act=act,
             try_=s.try_ if self.try_ is None else self.try_,
             tries=s.tries,
             intr=s.intr if self.intr is None else self.intr,
             deaths=s.deaths if self.deaths is None else self.deaths,
             last=s.last if self.last is None else self.last,
             join_ref=None if self.clear_join_ref else s.join_ref,
+            charged=s.charged if self.charged is None else self.charged,
+            timeouts=timeouts,
         )
 
     def to_json(self) -> Json:
@@ -433,6 +424,8 @@ class Changes:
         put(d, "try", self.try_)
         put(d, "intr", self.intr)
         put(d, "deaths", self.deaths)
+        put(d, "charged", self.charged)
+        put(d, "timeouts", self.timeouts)
         if self.failure is not None:
             d["failure"] = self.failure.to_json()
         if self.join is not None:
@@ -452,6 +445,8 @@ class Changes:
             try_=opt_int(d, "try"),
             intr=opt_int(d, "intr"),
             deaths=opt_int(d, "deaths"),
+            charged=opt_int(d, "charged"),
+            timeouts=opt_int(d, "timeouts"),
             last=Last.parse(last) if last is not None else None,
             clear_join_ref="join_ref" in d and d["join_ref"] is None,
             message=opt_str(d, "message"),

@@ -7,7 +7,6 @@ reader counts as a job: the marker is created last, and only ever once.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import time
@@ -25,12 +24,15 @@ from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inpu
 from httk_flow.protocol.jobspec import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRIES,
+    MAX_LIMIT_FACTOR,
+    MAX_SECONDS,
     JobSpec,
     ParamValue,
     ParentRef,
     Program,
     WorkdirMode,
     check_params,
+    duration_words,
 )
 from httk_flow.protocol.names import BIRTH_PREFIX, Marker
 from httk_flow.protocol.programs import ProgramStore
@@ -57,6 +59,10 @@ class SubmitRequest:
     pool: str | None = None
     requires: list[str] = field(default_factory=list)
     time: float | None = None
+    #: seconds an attempt may run before it is stopped (None: no limit)
+    time_limit: float | None = None
+    #: the limit (and `time`) grows by this after each attempt stopped at its limit
+    time_limit_factor: float = 1.0
     retries: int = DEFAULT_RETRIES
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     workdir: WorkdirMode = "persistent"
@@ -106,10 +112,11 @@ class Submitter:
             names.check_label(req.pool, "pool")
         for cap in req.requires:
             names.check_label(cap, "capability")
-        if req.retries < 0 or req.max_attempts < 1:
-            raise UsageError("retries must be >= 0 and max attempts >= 1", obj="--retries")
-        if req.time is not None and not 0 < req.time < math.inf:
-            raise UsageError("must be a positive number of seconds", obj="--time")
+        if not 0 <= req.retries <= 1000:
+            raise UsageError("must be from 0 to 1000", obj=f"--retries {req.retries}")
+        if not 1 <= req.max_attempts <= 100_000:
+            raise UsageError("must be from 1 to 100000", obj=f"--max-attempts {req.max_attempts}")
+        _check_times(req)
         if req.inputs:
             check_inputs(req.inputs, req.input_max)
         try:
@@ -144,6 +151,8 @@ class Submitter:
             parent=req.parent,
             array_index=req.array_index,
             created=round(time.time(), 3),
+            time_limit=req.time_limit,
+            time_limit_factor=float(req.time_limit_factor),
         )
         try:
             raw = spec.to_json()
@@ -303,6 +312,34 @@ class Submitter:
         if ws.policy.durable:
             fsync_dir(job_dir)
         return d
+
+
+def _check_times(req: SubmitRequest) -> None:
+    """The time request, the limit and its factor, as `flow submit` names them."""
+    for what, v in (("--time", req.time), ("--time-limit", req.time_limit)):
+        if v is not None and not 0 < v < MAX_SECONDS:
+            raise UsageError("must be a positive duration of less than ten years", obj=what)
+    f = req.time_limit_factor
+    if not 1 <= f <= MAX_LIMIT_FACTOR:  # also NaN
+        raise UsageError(
+            f"must be a number from 1 to {MAX_LIMIT_FACTOR:g}",
+            obj=f"--time-limit-factor {f}",
+            hint="1 keeps the limit; 2 doubles it after each attempt stopped at it",
+        )
+    if f != 1 and req.time_limit is None:
+        raise UsageError(
+            "grows a time limit, and the job has none",
+            obj=f"--time-limit-factor {f:g}",
+            hint="give --time-limit too",
+        )
+    if req.time_limit is not None and req.time is not None and req.time_limit < req.time:
+        raise UsageError(
+            f"is shorter than the time request --time {duration_words(req.time)}: the job "
+            "would be stopped before it is expected to finish",
+            obj=f"--time-limit {duration_words(req.time_limit)}",
+            hint="give a limit of at least the request (the request is what a manager fits "
+            "into its remaining time; the limit is when the attempt is stopped)",
+        )
 
 
 def _birth_marker(job_dir: str) -> str | None:

@@ -66,8 +66,11 @@ def test_list_json_rows_have_the_contract_keys(runner: CliRunner, ws: str) -> No
         "priority",
         "attempts",
         "placement",
+        "limit",
+        "elapsed",
     }
     assert (rows[0]["tag"], rows[0]["state"], rows[0]["priority"]) == ("a", "submitted", 7)
+    assert (rows[0]["limit"], rows[0]["elapsed"]) == (None, None)
 
 
 def test_list_plain_output_is_a_stable_table(runner: CliRunner, ws: str) -> None:
@@ -75,8 +78,8 @@ def test_list_plain_output_is_a_stable_table(runner: CliRunner, ws: str) -> None
     jid = out.strip()
     _, out = flow(runner, "-w", ws, "list")
     assert out == (
-        "ID            TAG  STATE      STEP  PRIO  ATTEMPTS  PLACEMENT\n"
-        f"{jid[:12]}  a    submitted  main  500   0         jobs/{jid[:2]}\n"
+        "ID            TAG  STATE      STEP  PRIO  ATTEMPTS  ELAPSED  LIMIT  PLACEMENT\n"
+        f"{jid[:12]}  a    submitted  main  500   0         -        -      jobs/{jid[:2]}\n"
     )
 
 

@@ -70,6 +70,16 @@ def test_a_table_off_a_terminal_is_plain_aligned_columns(runner: CliRunner, ws: 
     runner.invoke(cli, ["submit", "-w", ws, "--tag", "t1", "/bin/true"])
     r = runner.invoke(cli, ["list", "-w", ws])
     header, row = r.stdout.splitlines()
-    assert header.split() == ["ID", "TAG", "STATE", "STEP", "PRIO", "ATTEMPTS", "PLACEMENT"]
+    assert header.split() == [
+        "ID",
+        "TAG",
+        "STATE",
+        "STEP",
+        "PRIO",
+        "ATTEMPTS",
+        "ELAPSED",
+        "LIMIT",
+        "PLACEMENT",
+    ]
     assert header.index("TAG") == row.index("t1")
     assert "\x1b[" not in r.stdout and not any(line != line.rstrip() for line in [header, row])
