@@ -34,9 +34,15 @@ def _when(t: object) -> str:
 
 
 @click.command("list")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES))
-@click.option("--tag", default=None)
-@click.option("--limit", type=click.IntRange(min=0), default=None)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(STATE_NAMES),
+    help="Only jobs in this state (repeatable).",
+)
+@click.option("--tag", default=None, help="Only jobs with this tag.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many rows.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj

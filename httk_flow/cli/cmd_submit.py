@@ -175,6 +175,8 @@ class SubmitCommand(click.Command):
     type=click.Choice(["persistent", "isolated"]),
     default="persistent",
     show_default=True,
+    help="persistent: one run/ directory kept across attempts (checkpoints); isolated: a "
+    "fresh work/ directory per attempt.",
 )
 @click.option(
     "--require-outcome",
