@@ -106,11 +106,16 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         doc["failure"] = v.failure.to_json() if v.failure else None
     if h.marker.not_before:
         doc["not_before"] = h.marker.not_before
+    if v.message is not None:
+        doc["message"] = v.message
+    join = lookup.join_progress(ws, v)
+    if join is not None:
+        doc["join"] = join.to_json()
     if as_json:
         app.json(doc)
         return
     spec = v.spec
-    lines = [
+    lines: list[tuple[str, object]] = [
         ("id", h.job_id),
         ("key", h.key),
         ("state", h.state.value),
@@ -120,10 +125,21 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         ("directory", doc["directory"]),
     ]
     if spec:
+        if spec.name:
+            lines.insert(1, ("name", spec.name))
         prog = spec.program.name or spec.program.command
         lines.append(("program", " ".join([str(prog), *spec.args])))
+        if spec.array_index is not None:
+            lines.append(("array index", spec.array_index))
         if spec.params:
             lines.append(("params", " ".join(f"{k}={v}" for k, v in spec.params.items())))
+        if spec.pool or spec.requires:
+            lines.append(("serves", f"pool {spec.pool or 'default'} " + " ".join(spec.requires)))
+        snap = v.frame.snap if v.frame is not None else None
+        used = f" ({snap.try_} this activation, {snap.charged} charged in all)" if snap else ""
+        lines.append(
+            ("retries", f"{spec.retries} per activation, {spec.max_attempts} at most{used}")
+        )
         if spec.time is not None:
             lines.append(("time", f"{duration_words(spec.time)} (request)"))
     if v.limit is not None:
@@ -135,6 +151,10 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         lines.append(("definition", f"unreadable: {v.spec_error}"))
     if h.state is State.FAILED and v.failure is not None:
         lines.append(("failure", f"{v.failure.code}: {v.failure.message}"))
+    if v.message is not None and (v.failure is None or v.failure.message != v.message):
+        lines.append(("message", v.message))
+    if join is not None:
+        lines.append(("join", f"{join.words()}; then {join.next}"))
     width = max(len(k) for k, _ in lines)
     for k, val in lines:
         app.echo(f"{k.ljust(width)}  {val}")
@@ -195,7 +215,7 @@ def history(app: App, /, job: str, as_json: bool) -> None:
                 f.to.value,
                 f.snap.step or None,
                 f.by,
-                f.body.why or "",
+                lookup.why_words(f),
             ]
             for f in jobs.history(ws, found)
         ],

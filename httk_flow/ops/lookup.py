@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, JobNotFound
 from httk_flow.protocol import names
+from httk_flow.protocol.children import child_states
 from httk_flow.protocol.discovery import markers_of_placement
 from httk_flow.protocol.frames import AttemptRecord, Failure, Frame, Result
 from httk_flow.protocol.jobs import all_jobs, history, load_spec
@@ -99,6 +100,18 @@ class JobView:
     @property
     def failure(self) -> Failure | None:
         return self.frame.body.failure if self.frame is not None else None
+
+    @property
+    def message(self) -> str | None:
+        """What the job said last (flow_succeed/fail/pause/advance/wait MESSAGE)."""
+        for f in reversed(self.frames):
+            if f.body.message:
+                return f.body.message
+            if f.body.result is not None and f.body.result.outcome is not None:
+                said = f.body.result.outcome.get("message")
+                if isinstance(said, str) and said:
+                    return said
+        return None
 
     @property
     def limit(self) -> float | None:
@@ -209,6 +222,66 @@ def view(ws: Workspace, job: JobHandle) -> JobView:
         error = e.render()
     frames = history(ws, job)
     return JobView(job, spec, error, frames[-1] if frames else None, frames)
+
+
+def why_words(f: Frame) -> str:
+    """Why a move happened, for `flow history`: the frame's reason, and how the attempt
+    it commits ended when that is not the job's doing (a drain, a takeover, a limit)."""
+    why = f.body.why or ""
+    r, ev = f.body.result, f.body.evidence
+    notes = []
+    if r is not None and State.COMMITTING in (f.source, f.to):
+        if r.time_limit is not None:
+            notes.append(f"time limit {duration_words(r.time_limit)}")
+        elif r.interrupted == "drain":
+            notes.append("drained by its manager")
+        elif r.interrupted == "takeover":
+            notes.append("its manager died")
+    if ev is not None and ev.owner is not None and ev.verified is None:
+        notes.append(f"taken over from {ev.owner}: {ev.evidence}")
+    if f.body.reason:
+        notes.append(f.body.reason)
+    return "; ".join([why, *notes]) if notes else why
+
+
+@dataclass(frozen=True)
+class JoinProgress:
+    """Where a waiting job's join stands: its children counted by state."""
+
+    mode: str
+    next: str
+    children: int
+    states: dict[str, int]  # state name (or "missing") -> children in it
+
+    def words(self) -> str:
+        order = [s.value for s in State] + ["missing"]
+        parts = [f"{self.states[k]} {k}" for k in order if self.states.get(k)]
+        return f"{self.children} children, {self.mode}: " + (", ".join(parts) or "none yet")
+
+    def to_json(self) -> dict[str, object]:
+        return {"mode": self.mode, "next": self.next, "children": self.children, **self.states}
+
+
+def join_progress(ws: Workspace, v: JobView) -> JoinProgress | None:
+    """The join of a waiting (or paused while waiting) job, its children looked up (one
+    listing per state kind of their placement); None for a job that waits for nothing."""
+    join = v.frame.body.join if v.frame is not None else None
+    if join is None or v.handle.state not in (State.WAITING, State.PAUSED):
+        return None
+    kids = child_states(
+        ws,
+        v.handle.placement,
+        v.handle.key,
+        v.handle.job_id,
+        join.act,
+        [label for label, _ in join.children],
+        dict(join.children),
+    )
+    states: dict[str, int] = {}
+    for k in kids:
+        name = k.state.value if k.state is not None else "missing"
+        states[name] = states.get(name, 0) + 1
+    return JoinProgress(join.mode, join.next, len(kids), states)
 
 
 @dataclass(frozen=True)
