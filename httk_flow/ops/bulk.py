@@ -105,7 +105,8 @@ def array_requests(base: SubmitRequest, indices: Iterable[range]) -> Iterator[Su
 def jsonl_requests(
     stream: Iterable[bytes], base: SubmitRequest, where: str
 ) -> Iterator[SubmitRequest]:
-    """One request per non-blank line; a bad line raises UsageError naming file:line."""
+    """One request per non-blank line; a bad line raises UsageError naming file:line
+    (and the column, for a line that is not JSON)."""
     for lineno, raw in enumerate(stream, 1):
         if not raw.strip():
             continue
@@ -113,7 +114,13 @@ def jsonl_requests(
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
-            raise UsageError(f"is not valid JSON ({e})", obj=obj) from None
+            # one line is one document: its column is what locates the mistake
+            why = e.msg.split(": line ")[0]
+            raise UsageError(
+                f"is not valid JSON: {why}",
+                obj=f"{obj}, column {e.colno}",
+                hint="each line of the file is one JSON object",
+            ) from None
         if not isinstance(data, dict):
             raise UsageError("is not a JSON object", obj=obj)
         yield _line(data, base, obj)
