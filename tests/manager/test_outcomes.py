@@ -105,7 +105,7 @@ def test_a_pause_outcome_leaves_the_job_paused(
         scripts, "pause.sh", """publish '{"action":"pause","message":"look"}'\n"""
     )
     [jid] = submit(root, program)
-    assert managers.run(root) == 0
+    assert managers.run(root) == 4  # stopped with paused work left
     info = job(root, jid)
     assert info.state is State.PAUSED, dump(root)
     assert info.last["why"] == "pause"
