@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from httk_flow.errors import FlowError
-from httk_flow.ops.fit import Capacity, QueueTimes, TimeRequests, capacity, unfit
+from httk_flow.ops.fit import (
+    START_SLACK,
+    Capacity,
+    QueueTimes,
+    TimeRequests,
+    allocation_walltime,
+    capacity,
+    unfit,
+)
 from httk_flow.protocol import requests
 from httk_flow.protocol.discovery import count_markers, walk_all
 from httk_flow.protocol.leases import Liveness, read_managers
@@ -19,6 +27,21 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
 GroupBy = Literal["state", "placement", "step", "tag"]
+
+#: what the reconciler sizes allocations with (it reads the workspace through this module)
+__all__ = [
+    "START_SLACK",
+    "GroupBy",
+    "Liveness",
+    "QueueTimes",
+    "Snapshot",
+    "StatusReport",
+    "Throughput",
+    "TimeRequests",
+    "allocation_walltime",
+    "watch",
+    "workspace_status",
+]
 
 
 @dataclass
