@@ -226,7 +226,13 @@ class ClaimPass:
         return seen[1] if seen is not None else None
 
     def unfit(self) -> tuple[int, float | None]:
-        """How many ready jobs were too long for our end, and the longest time declared."""
+        """How many ready jobs were too long for our end, and the longest time declared.
+
+        A job still ready is looked at again every TOO_LONG_RECHECK seconds; one not
+        looked at again for longer has moved on (claimed elsewhere, cancelled)."""
+        stale = self.ctx.clock() - TOO_LONG_RECHECK
+        for key in [k for k, (again, _) in self._too_long.items() if again < stale]:
+            del self._too_long[key]
         if not self._too_long:
             return 0, None
         return len(self._too_long), max(need for _, need in self._too_long.values())
