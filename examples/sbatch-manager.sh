@@ -37,5 +37,8 @@ flow=${FLOW:-flow}
 # workspace overrides it (the last one wins)
 workers=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
 
+# --drain-before: the manager claims only jobs whose --time ends before the TERM is
+# due (keep it equal to the --signal offset above; Slurm may signal up to a minute
+# earlier, which the manager leaves out too)
 # exec: the manager replaces this shell, so the TERM from --signal reaches it directly
-exec "$flow" serve -w "$workspace" --workers "$workers" "$@"
+exec "$flow" serve -w "$workspace" --workers "$workers" --drain-before 120s "$@"

@@ -10,7 +10,7 @@ import click
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
 from httk_flow.errors import UsageError
-from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.durations import compact_duration, parse_duration
 from httk_flow.scale import backends
 from httk_flow.scale.allocation_records import AllocationStore
 from httk_flow.scale.allocations import Reconciler, ScaleSettings, TickReport
@@ -62,6 +62,17 @@ _BACKENDS = sorted(backends.available())
     help="How long before the walltime a manager is told to drain.",
 )
 @click.option(
+    "--max-time",
+    default=None,
+    help="Allocations may be longer than --time, up to this, so that the longest queued "
+    "request fits before the drain.",
+)
+@click.option(
+    "--signal-margin",
+    default=None,
+    help="How much earlier than --drain the batch system may signal (default: the backend's own).",
+)
+@click.option(
     "--backend-arg",
     *backends.submit_arg_flags(),
     "backend_args",
@@ -91,6 +102,8 @@ def scale(
     interval: str,
     time_: str | None,
     drain: str,
+    max_time: str | None,
+    signal_margin: str | None,
     backend_args: tuple[str, ...],
     serve_args: tuple[str, ...],
     unpause: bool,
@@ -100,6 +113,7 @@ def scale(
     ws = app.ws
     if unpause and AllocationStore(ws).unpause():
         app.echo("allocation queue unpaused")
+    chosen = backends.get(backend)
     settings = ScaleSettings(
         max=max_,
         min=min(min_, max_),
@@ -108,8 +122,14 @@ def scale(
         time=parse_duration(time_, "--time") if time_ else None,
         drain=parse_duration(drain, "--drain"),
         extra_args=backend_args,
+        max_time=parse_duration(max_time, "--max-time") if max_time else None,
+        margin=parse_duration(signal_margin, "--signal-margin") if signal_margin else None,
     )
-    rec = Reconciler(ws, backends.get(backend), settings)
+    margin = settings.margin if settings.margin is not None else chosen.signal_margin
+    for flag, wall in (("--time", settings.time), ("--max-time", settings.max_time)):
+        if wall is not None:
+            _warn_short(app, flag, wall, settings.drain, margin)
+    rec = Reconciler(ws, chosen, settings)
 
     def show(r: TickReport) -> None:
         if as_json:
@@ -120,9 +140,14 @@ def scale(
             ("submitted", r.submitted),
             ("adopted", r.adopted),
             ("cancelled", r.cancelled),
+            ("replaced", r.replaced),
         ):
             if items:
                 parts.append(f"{label} {len(items)}")
+        if r.submitted and r.walltime is not None:
+            parts.append(f"walltime {compact_duration(r.walltime)}")
+        if r.unfit:
+            parts.append(f"unfit {r.unfit}: {r.unfit_reason}")
         if r.unavailable:
             parts.append(f"backend unavailable: {r.unavailable}")
         if r.paused:
@@ -158,6 +183,8 @@ def allocations(app: App, /, all_: bool, as_json: bool) -> None:
                         "reason": r.reason,
                         "created": r.created,
                         "updated": r.updated,
+                        "time": r.time,
+                        "attempts": r.attempts,
                     }
                     for r in recs
                 ],
@@ -184,6 +211,12 @@ def backend_command(spec: BackendCommand) -> click.Command:
         show_default=True,
         help="How long before the walltime the manager is told to drain.",
     )
+    @click.option(
+        "--signal-margin",
+        default=None,
+        help="How much earlier than --drain the batch system may signal "
+        f"(default {compact_duration(spec.signal_margin)}).",
+    )
     @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
     @workspace_option
     @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SERVE_OPTIONS]")
@@ -194,17 +227,28 @@ def backend_command(spec: BackendCommand) -> click.Command:
         extra_args: tuple[str, ...],
         time_: str | None,
         drain: str,
+        signal_margin: str | None,
         as_json: bool,
         serve_args: tuple[str, ...],
     ) -> None:
         ws = app.ws
         _check_serve_args(serve_args)
+        wall = parse_duration(time_, "--time") if time_ else None
+        drain_s = parse_duration(drain, "--drain")
+        margin = parse_duration(signal_margin, "--signal-margin") if signal_margin else None
+        if wall is not None and wall > drain_s:
+            _warn_short(
+                app, "--time", wall, drain_s, spec.signal_margin if margin is None else margin
+            )
+        # the margin only when given: a backend's submit may not know of it
+        more = {"margin": margin} if margin is not None else {}
         done = spec.submit(
             ws.root,
             serve_args=serve_args,
-            time=parse_duration(time_, "--time") if time_ else None,
-            drain=parse_duration(drain, "--drain"),
+            time=wall,
+            drain=drain_s,
             extra_args=extra_args,
+            **more,
         )
         if as_json:
             app.json(
@@ -219,6 +263,24 @@ def backend_command(spec: BackendCommand) -> click.Command:
             app.echo(done.handle)
 
     return submit_one
+
+
+#: the least usable time a walltime should leave, beyond the drain and the signal margin
+USEFUL = 60.0
+
+
+def _warn_short(app: App, flag: str, wall: float, drain: float, margin: float) -> None:
+    """Warn when a walltime leaves less than a minute of claimable time."""
+    useful = wall - drain - margin
+    if useful >= USEFUL:
+        return
+    left = f"only {compact_duration(useful)}" if useful > 0 else "no time"
+    early = f", and may come up to {compact_duration(margin)} early" if margin else ""
+    app.warn(
+        f"{flag} {compact_duration(wall)} leaves {left} for work: managers claim only "
+        f"jobs that end before the drain, which is signalled {compact_duration(drain)} before "
+        f"the end{early}; ask for at least {compact_duration(drain + margin + USEFUL)}"
+    )
 
 
 def _check_serve_args(args: tuple[str, ...]) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
 from httk_flow.protocol import maintenance
-from httk_flow.protocol.durations import format_duration
-from httk_flow.protocol.leases import read_managers
+from httk_flow.protocol.durations import compact_duration, format_duration
+from httk_flow.protocol.leases import Liveness, read_managers
 
 
 @click.command("managers")
@@ -17,8 +19,13 @@ from httk_flow.protocol.leases import read_managers
 @workspace_option
 @click.pass_obj
 def managers(app: App, /, all_: bool, as_json: bool) -> None:
-    """Managers with heartbeat age and liveness."""
+    """Managers with heartbeat age and liveness, and how much usable time each has left."""
     rows = [m for m in read_managers(app.ws) if all_ or not m.stopped]
+    now = time.time()
+
+    def left(m: Liveness) -> float | None:
+        return m.info.usable_left(now) if not m.stopped else 0.0
+
     if as_json:
         app.json(
             {
@@ -36,6 +43,11 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
                         "pools": list(m.info.pools),
                         "capabilities": list(m.info.capabilities),
                         "ends_at": m.info.ends_at,
+                        "usable_end": m.info.ends_at,
+                        "usable_left": _round(left(m)),
+                        "drain_at": m.info.drain_at,
+                        "allocation_end": m.info.allocation_end,
+                        "attempts": m.info.attempts,
                     }
                     for m in rows
                 ]
@@ -43,7 +55,7 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
         )
         return
     app.table(
-        ["ID", "HOST", "PID", "STATE", "HEARTBEAT", "RUNNING", "POOLS"],
+        ["ID", "HOST", "PID", "STATE", "HEARTBEAT", "RUNNING", "USABLE", "POOLS"],
         [
             [
                 m.info.id,
@@ -58,11 +70,21 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
                 else "stale",
                 f"{format_duration(m.age)} ago",
                 f"{m.info.running}/{m.info.workers}",
+                _usable(left(m)),
                 ",".join(m.info.pools) or "default",
             ]
             for m in rows
         ],
     )
+
+
+def _round(v: float | None) -> float | None:
+    return round(v, 1) if v is not None else None
+
+
+def _usable(left: float | None) -> str:
+    """Claimable time left: `-` for a manager with no end, else e.g. `1h30m left`."""
+    return "-" if left is None else f"{compact_duration(left)} left"
 
 
 def _lock_doc(held: maintenance.MaintenanceLock) -> dict[str, object]:

@@ -36,6 +36,28 @@ def _options(f: Any) -> Any:
                 default=None,
                 help="Stop claiming so that work ends this long after start.",
             ),
+            click.option(
+                "--drain-before",
+                default=None,
+                metavar="DURATION",
+                help="The batch system signals the drain this long before the allocation "
+                "ends (the allocation's --drain); claimed work ends before it.",
+            ),
+            click.option(
+                "--signal-margin",
+                default=None,
+                metavar="DURATION",
+                help="The drain signal may come this much earlier still (default: what "
+                "the batch system the manager runs in is known to do; 0 outside one).",
+            ),
+            click.option(
+                "--order",
+                type=click.Choice(["depth", "breadth"]),
+                default="depth",
+                show_default=True,
+                help="Of ready jobs of one priority, claim those that advanced, retried or "
+                "joined first (depth), or in the order they came (breadth).",
+            ),
             click.option("--log-format", type=click.Choice(["text", "json"]), default="text"),
             click.option("--quiet", is_flag=True, help="No log line per transition."),
             click.option(
@@ -60,7 +82,7 @@ def _options(f: Any) -> Any:
 def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
     """The manager's configuration from the flags as given; the package resolves it."""
     return ManagerConfig.resolve(
-        exit_when_idle=exit_when_idle, allocation_end=backends.current_allocation_end, **flags
+        exit_when_idle=exit_when_idle, allocation=backends.current_allocation, **flags
     )
 
 

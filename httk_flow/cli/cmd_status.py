@@ -61,7 +61,9 @@ def _doc(r: StatusReport, by: GroupBy) -> dict[str, Any]:
             for m in r.managers
             if m.alive or not m.stopped
         ],
-        "blocked": [{"reason": why, "count": n} for why, n in r.blocked],
+        # the time fit's entries add its numbers: needs, longest_remaining (seconds),
+        # walltime (of an allocation it would fit, or null) and estimated (from a sample)
+        "blocked": [{"reason": why, "count": n, **r.details.get(why, {})} for why, n in r.blocked],
         "requests_pending": r.requests_pending,
     }
     if by != "state":

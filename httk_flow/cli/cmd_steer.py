@@ -263,7 +263,14 @@ def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: b
     """Block until jobs are terminal: exit 0 all succeeded, 1 some did not, 3 timeout."""
     ws = app.ws
     handles = [lookup.find(ws, i) for i in idents] if idents else None
+
+    def why(lines: list[str], say: Callable[[str], None]) -> None:
+        # on stderr, whether or not it is a terminal: nothing moves, and this is why
+        for line in lines:
+            say(f"flow wait: nothing moves: {line}")
+
     if app.is_terminal and not as_json:
+        from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         with Progress(
@@ -279,9 +286,15 @@ def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: b
                 handles,
                 timeout=timeout,
                 progress=lambda d, t: bar.update(task, completed=d, total=t),
+                on_stuck=lambda lines: why(lines, lambda t: bar.console.print(escape(t))),
             )
     else:
-        r = wait_jobs(ws, handles, timeout=timeout)
+        r = wait_jobs(
+            ws,
+            handles,
+            timeout=timeout,
+            on_stuck=lambda lines: why(lines, lambda t: app.echo(t, err=True)),
+        )
     if as_json:
         app.json(
             {

@@ -19,6 +19,7 @@ from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.inbox import RequestInbox
 from httk_flow.manager.joins import JoinPass
 from httk_flow.manager.launcher import proc_start_time
+from httk_flow.manager.leftover import EXIT_WORK_LEFT, Leftover, leftover
 from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
@@ -85,6 +86,9 @@ class Manager:
         self._stop_now = False
         self.failed_jobs = 0
         self.succeeded_jobs = 0
+        self.attempts_started = 0
+        #: what `flow run` left undone when it stopped for want of anything it could do
+        self.left = Leftover()
         self._lock_checked = -1e18
         self._idle_marks = (0, 0, 0)
         self._locked = False
@@ -104,9 +108,10 @@ class Manager:
         self.local = LocalAttempts(
             ws, self.id, self.log, self.committer, kill_grace=config.kill_grace, clock=self.clock
         )
-        self.claim = ClaimPass(ctx, config.pools, config.capabilities, ends_at)
+        self.claim = ClaimPass(ctx, config.pools, config.capabilities, ends_at, config.order)
         self.register = RegisterPass(ctx, on_ready=self.claim.offer)
-        self.joins = JoinPass(ctx, on_ready=self.claim.offer)
+        # a join this manager releases is a continuation it keeps, as its own commits are
+        self.joins = JoinPass(ctx, on_ready=self.claim.offer_own)
         self.recovery = RecoveryPass(
             ctx,
             self.oracle,
@@ -124,6 +129,7 @@ class Manager:
     # -- lease -------------------------------------------------------------------
 
     def info(self) -> ManagerInfo:
+        unfit, need = self.claim.unfit()
         return ManagerInfo(
             id=self.id,
             host=self.ws.host,
@@ -140,6 +146,12 @@ class Manager:
             start_time=self._start_time,
             allocation=os.environ.get(layout.ENV_ALLOCATION_TOKEN, ""),
             seq=self._seq,
+            drain_at=self.config.drains_at,
+            allocation_end=self.config.allocation_end,
+            reserve=self.config.reserve,
+            attempts=self.attempts_started,
+            unfit=unfit,
+            unfit_need=need,
         )
 
     def heartbeat(self, force: bool = False) -> None:
@@ -217,6 +229,7 @@ class Manager:
                 extra = self._join_context(c.ready_frame)
                 if self.local.start(c.handle, c.spec, c.body, extra) is not None:
                     started += 1
+                    self.attempts_started += 1
                     if self.draining:
                         # a signal during the launch: begin_drain could not see this one
                         self.local.stop(c.handle.key, interrupted=True)
@@ -234,7 +247,8 @@ class Manager:
             elif st is State.SUCCEEDED:
                 self.succeeded_jobs += 1
             if st is State.READY:
-                self.claim.offer(f.handle)
+                # our own commit moved it on (an advance, a retry): ours to continue
+                self.claim.offer_own(f.handle)
             elif st.is_terminal and f.spec.parent is not None:
                 self.joins.child_ended(f.spec.parent.placement, f.spec.parent.key, f.spec.key, st)
         return len(done)
@@ -308,11 +322,8 @@ class Manager:
         idle_since: float | None = None
         try:
             while not self._stop_now:
-                if (
-                    self.config.ends_at is not None
-                    and not self.draining
-                    and self.clock() >= self.config.ends_at
-                ):
+                drains_at = self.config.drains_at
+                if drains_at is not None and not self.draining and self.clock() >= drains_at:
                     self.begin_drain("walltime reached")
                 result = self.tick()
                 if self.draining:
@@ -325,6 +336,7 @@ class Manager:
                     if self._quiet(result):
                         idle_since = idle_since or time.monotonic()
                         if time.monotonic() - idle_since >= self.config.exit_when_idle:
+                            self.left = self._leftover()
                             break
                     else:
                         idle_since = None
@@ -345,12 +357,17 @@ class Manager:
             if not self.local:
                 mark_stopped(self.ws, self.id)
             self.heartbeat(force=True)
+            if self.left:
+                # said even under --quiet: it is why the exit status is not 0
+                self.log.problem("stopped with work left", self.left.describe())
             self.log.info(
                 f"manager {self.id} stopped: {self.succeeded_jobs} succeeded, "
                 f"{self.failed_jobs} failed"
             )
         # a second signal abandons work to the leases: not a clean exit
-        return 1 if self.failed_jobs or self.recovery.failed or self._stop_now else 0
+        if self.failed_jobs or self.recovery.failed or self._stop_now:
+            return 1
+        return EXIT_WORK_LEFT if self.left else 0
 
     def _wait_leftovers(self) -> None:
         """Before exiting, give what ended attempts left behind its grace, then KILL it."""
@@ -410,3 +427,7 @@ class Manager:
             and self.claim.serves(h)
             for h in walk_all(self.ws, State.READY, self.config.placements)
         )
+
+    def _leftover(self) -> Leftover:
+        """What is left that this manager serves but could not do (it stops idle)."""
+        return leftover(self.ws, self.claim, self.config.placements)

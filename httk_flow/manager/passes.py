@@ -102,7 +102,7 @@ class RegisterPass:
 
 @dataclass(order=True)
 class _Candidate:
-    sort: tuple[int, int]
+    sort: tuple[int, int, int]
     handle: JobHandle = field(compare=False)
 
 
@@ -114,22 +114,45 @@ class Claimed:
     ready_frame: Frame
 
 
+#: the generation of a marker that just became ready for the first time (submitted is 0)
+FIRST_READY = 1
+#: ranks of a candidate among jobs of one priority, depth-first (lower is claimed first):
+#: a job this manager's own commit or join release just made ready, one that was ready
+#: before (it advanced, was retried or interrupted, or its join released elsewhere), new
+OWN, AGAIN, NEW = 0, 1, 2
+#: seconds before a job found too long for this manager's end is looked at again
+TOO_LONG_RECHECK = 60.0
+
+
 class ClaimPass:
-    """ready -> claimed for jobs this manager may serve, best priority first."""
+    """ready -> claimed for jobs this manager may serve, best priority first.
+
+    Within one priority the order is depth-first by default: work already under way
+    (continuations) before new work, and of that, what this manager's own commits moved
+    on first (its node-local files and caches are warm); `order="breadth"` takes jobs of
+    one priority in the order they came."""
 
     def __init__(
-        self, ctx: PassContext, pools: tuple[str, ...], caps: tuple[str, ...], ends_at: float | None
+        self,
+        ctx: PassContext,
+        pools: tuple[str, ...],
+        caps: tuple[str, ...],
+        ends_at: float | None,
+        order: str = "depth",
     ) -> None:
         self.ctx = ctx
         self.stream = ctx.stream(State.READY)
         self.pools, self.caps = pools, caps
         self.ends_at = ends_at
+        self.depth_first = order != "breadth"
         self.registry = ServiceRegistry(ctx.ws)
         self._heap: list[_Candidate] = []
-        self._later: list[tuple[int, int, JobHandle]] = []  # in backoff, by not-before
+        # in backoff, by not-before: (not_before, seq, rank, handle)
+        self._later: list[tuple[int, int, int, JobHandle]] = []
         self._queued: set[tuple[str, int]] = set()
         self._seq = 0
-        self._too_long: dict[str, float] = {}
+        #: job key -> (when to look again, the time it declared): too long for our end
+        self._too_long: dict[str, tuple[float, float]] = {}
         #: ready jobs this manager reported it cannot claim (damaged): not pending work
         self.unclaimable: set[str] = set()
 
@@ -140,17 +163,29 @@ class ClaimPass:
             return False
         return sc.served_by(self.pools, self.caps)
 
-    def offer(self, h: JobHandle) -> None:
-        """A ready job: queued as a candidate (once per marker generation)."""
+    def _rank(self, h: JobHandle, own: bool) -> int:
+        if not self.depth_first:
+            return NEW
+        if own:
+            return OWN
+        return AGAIN if h.marker.generation > FIRST_READY else NEW
+
+    def offer(self, h: JobHandle, own: bool = False) -> None:
+        """A ready job: queued as a candidate (once per marker generation). `own`: this
+        manager's own commit or join release made it ready (claimed first, depth-first)."""
         ident = (h.key, h.marker.generation)
         if ident in self._queued or not self.serves(h):
             return
         self._queued.add(ident)
         self._seq += 1
+        rank = self._rank(h, own)
         if h.marker.not_before > self.ctx.clock():
-            heapq.heappush(self._later, (h.marker.not_before, self._seq, h))
+            heapq.heappush(self._later, (h.marker.not_before, self._seq, rank, h))
         else:
-            heapq.heappush(self._heap, _Candidate((-h.marker.priority, self._seq), h))
+            heapq.heappush(self._heap, _Candidate((-h.marker.priority, rank, self._seq), h))
+
+    def offer_own(self, h: JobHandle) -> None:
+        self.offer(h, own=True)
 
     def refill(self, budget: int) -> None:
         for h in self.stream.next_batch(budget, self.ctx.heartbeat):
@@ -166,8 +201,8 @@ class ClaimPass:
         out: list[Claimed] = []
         now = self.ctx.clock()
         while self._later and self._later[0][0] <= now:
-            _, seq, h = heapq.heappop(self._later)
-            heapq.heappush(self._heap, _Candidate((-h.marker.priority, seq), h))
+            _, seq, rank, h = heapq.heappop(self._later)
+            heapq.heappush(self._heap, _Candidate((-h.marker.priority, rank, seq), h))
         scans = 0
         while len(out) < n:
             if not self._heap:
@@ -185,6 +220,28 @@ class ClaimPass:
         """A job whose declared time does not fit before this manager's end: not ours."""
         return key in self._too_long
 
+    def need_of(self, key: str) -> float | None:
+        """The time a job too long for us declared (None: not known to be too long)."""
+        seen = self._too_long.get(key)
+        return seen[1] if seen is not None else None
+
+    def unfit(self) -> tuple[int, float | None]:
+        """How many ready jobs were too long for our end, and the longest time declared.
+
+        A job still ready is looked at again every TOO_LONG_RECHECK seconds; one not
+        looked at again for longer has moved on (claimed elsewhere, cancelled)."""
+        stale = self.ctx.clock() - TOO_LONG_RECHECK
+        for key in [k for k, (again, _) in self._too_long.items() if again < stale]:
+            del self._too_long[key]
+        if not self._too_long:
+            return 0, None
+        return len(self._too_long), max(need for _, need in self._too_long.values())
+
+    def forget_unfit(self, keep: set[str]) -> None:
+        """Keep only these keys among the jobs found too long (the others moved on)."""
+        for key in [k for k in self._too_long if k not in keep]:
+            del self._too_long[key]
+
     @property
     def backlog(self) -> int:
         """Candidates known but not yet claimable (in backoff)."""
@@ -192,7 +249,7 @@ class ClaimPass:
 
     def _claim(self, h: JobHandle, now: float) -> Claimed | None:
         ctx = self.ctx
-        if self.ends_at is not None and self._too_long.get(h.key, 0) > now:
+        if self.ends_at is not None and self._too_long.get(h.key, (0.0, 0.0))[0] > now:
             return None
         try:
             frame = ctx.ws.reader.frame(h.marker.ref)
@@ -205,9 +262,14 @@ class ClaimPass:
             except FlowError:
                 ctx.report_once(h.key, e.render())
             return None
-        if self.ends_at is not None and spec.time is not None and now + spec.time > self.ends_at:
-            self._too_long[h.key] = now + 60
+        # the request grows with the time limit after each attempt the limit stopped
+        need = spec.time_request_after(frame.snap.timeouts)
+        if self.ends_at is not None and need is not None and now + need > self.ends_at:
+            if len(self._too_long) > 100_000:
+                self._too_long.clear()
+            self._too_long[h.key] = (now + TOO_LONG_RECHECK, need)
             return None
+        self._too_long.pop(h.key, None)
         snap = frame.snap
         n = snap.tries + 1
         attempt = AttemptRecord(

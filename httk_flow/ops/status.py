@@ -9,6 +9,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from httk_flow.errors import FlowError
+from httk_flow.ops.fit import (
+    START_SLACK,
+    Capacity,
+    QueueTimes,
+    TimeRequests,
+    allocation_walltime,
+    capacity,
+    unfit,
+)
 from httk_flow.protocol import requests
 from httk_flow.protocol.discovery import count_markers, walk_all
 from httk_flow.protocol.leases import Liveness, read_managers
@@ -18,6 +27,21 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
 GroupBy = Literal["state", "placement", "step", "tag"]
+
+#: what the reconciler sizes allocations with (it reads the workspace through this module)
+__all__ = [
+    "START_SLACK",
+    "GroupBy",
+    "Liveness",
+    "QueueTimes",
+    "Snapshot",
+    "StatusReport",
+    "Throughput",
+    "TimeRequests",
+    "allocation_walltime",
+    "watch",
+    "workspace_status",
+]
 
 
 @dataclass
@@ -29,6 +53,26 @@ class StatusReport:
     groups: dict[str, Counter[State]] = field(default_factory=dict)
     #: operator requests not yet applied or retired (pause, priority of running jobs)
     requests_pending: int = 0
+    #: the numbers behind a blocked reason (the time fit's), by reason
+    details: dict[str, dict[str, object]] = field(default_factory=dict)
+    #: ready jobs no live manager can claim, now or after a backoff
+    stuck_ready: int = 0
+    #: the declared times of ready (and, when asked for, submitted) jobs, by service class
+    ready_times: dict[str, QueueTimes] = field(default_factory=dict)
+    submitted_times: dict[str, QueueTimes] = field(default_factory=dict)
+    #: by service class of ready jobs: what the live managers serving it can take on
+    #: (None: none serves it); `locked`: the maintenance lock holds every claim back
+    capacities: dict[str, Capacity | None] = field(default_factory=dict)
+    locked: bool = False
+
+    def can_claim(self, service: str, needs: float | None) -> bool:
+        """Whether a live manager could claim a ready job of this class and time."""
+        if self.locked or service not in self.capacities:
+            return False
+        cap = self.capacities[service]
+        if cap is None:
+            return False
+        return needs is None or cap.longest is None or needs <= cap.longest
 
     @property
     def total(self) -> int:
@@ -40,16 +84,29 @@ class StatusReport:
 
 
 def workspace_status(
-    ws: Workspace, *, by: GroupBy = "state", now: float | None = None
+    ws: Workspace,
+    *,
+    by: GroupBy = "state",
+    now: float | None = None,
+    times: TimeRequests | None = None,
+    submitted_times: bool = False,
 ) -> StatusReport:
-    """Count every marker by name (no job file is opened) and explain what is stuck."""
+    """Count every marker by name and explain what is stuck.
+
+    No job file is opened but a bounded sample of ready jobs' job.json: the marker name
+    carries a job's service class, not its declared time, which the walltime fit needs
+    (ops/fit.py; `times` keeps what was read for the next look). With `submitted_times`,
+    submitted jobs' times are sampled too (the reconciler's demand)."""
     wall = time.time() if now is None else now
     counts: dict[State, int] = dict.fromkeys(State, 0)
     groups: dict[str, Counter[State]] = {}
     waiting_classes: Counter[str] = Counter()
     backoff = 0
+    times = times or TimeRequests(ws)
+    ready_look, submitted_look = times.look(), times.look()
     for st in State:
-        if by == "state" and st is not State.READY:
+        walk = st is State.READY or (st is State.SUBMITTED and submitted_times)
+        if by == "state" and not walk:
             # only names are needed here: count them without building a handle each
             counts[st] = count_markers(ws, st)
             continue
@@ -57,8 +114,11 @@ def workspace_status(
             counts[st] += 1
             if st is State.READY:
                 waiting_classes[h.marker.service] += 1
+                ready_look.see(h)
                 if h.marker.not_before > wall:
                     backoff += 1
+            elif st is State.SUBMITTED and submitted_times:
+                submitted_look.see(h)
             if by == "placement":
                 groups.setdefault(h.placement, Counter())[st] += 1
             elif by == "tag":
@@ -71,7 +131,16 @@ def workspace_status(
                 groups.setdefault(step, Counter())[st] += 1
     managers = read_managers(ws)
     live = [m for m in managers if m.alive]
+    registry = ServiceRegistry(ws)
+    caps: dict[str, Capacity | None] = {}
+    for cid in waiting_classes:
+        sc = registry.get(cid)
+        caps[cid] = capacity(live, sc, wall) if sc is not None else None
+    # job.json is read only where a live manager's end could be too near for a job
+    fit = {cid for cid, cap in caps.items() if cap is not None and cap.longest is not None}
+    ready_times = ready_look.finish(None if submitted_times else fit)
     blocked: list[tuple[str, int]] = []
+    details: dict[str, dict[str, object]] = {}
     lock = read_lock(ws)
     if lock is not None and counts[State.READY]:
         blocked.append(
@@ -80,21 +149,31 @@ def workspace_status(
                 counts[State.READY],
             )
         )
-    registry = ServiceRegistry(ws)
+    # ready jobs no live manager can claim: all of them under the lock
+    stuck = counts[State.READY] if lock is not None else 0
     for cid, n in sorted(waiting_classes.items()):
-        sc = registry.get(cid)
+        sc, cap = registry.get(cid), caps[cid]
+        too_long = unfit(ready_times[cid], cap) if cap is not None else None
         if sc is None:
             blocked.append((f"service class {cid!r} is unreadable; run `flow fsck`", n))
-            continue
-        if not live:
+        elif not live:
             blocked.append(("no live manager; start one with `flow serve` or `flow run`", n))
-        elif not any(sc.served_by(m.info.pools, m.info.capabilities) for m in live):
+        elif cap is None:
             opts = " ".join(
                 [f"--pool {sc.pool}"] * bool(sc.pool) + [f"--capability {c}" for c in sc.requires]
             )
             blocked.append(
                 (f"no live manager serves {sc.describe()}; start one with `flow serve {opts}`", n)
             )
+        elif too_long is not None:
+            # no live manager that serves it has the time its declared run needs
+            blocked.append((too_long.reason(), too_long.count))
+            details[too_long.reason()] = too_long.details()
+            n = too_long.count
+        else:
+            continue
+        if lock is None:
+            stuck += n
     if counts[State.SUBMITTED] and not live:
         blocked.append(
             (
@@ -114,7 +193,20 @@ def workspace_status(
     for reason, n in blocked:
         merged[reason] += n
     pending = sum(1 for n in requests.pending_names(ws) if requests.parse_name(n) is not None)
-    return StatusReport(ws.root, counts, managers, list(merged.items()), groups, pending)
+    return StatusReport(
+        ws.root,
+        counts,
+        managers,
+        list(merged.items()),
+        groups,
+        pending,
+        details,
+        min(stuck, counts[State.READY]),
+        ready_times,
+        submitted_look.finish() if submitted_times else {},
+        caps if live else {},
+        lock is not None,
+    )
 
 
 class Throughput:
@@ -171,9 +263,10 @@ def watch(
     The interval is kept on the monotonic clock; a look that takes longer than the
     interval is followed by the next at once, not by a burst of catching up."""
     tp = Throughput()
+    times = TimeRequests(ws)  # what one look read, the next need not read again
     start = due = clock()
     while True:
-        report = workspace_status(ws, by=by)
+        report = workspace_status(ws, by=by, times=times)
         now = clock()
         tp.add(report, now)
         snap = Snapshot(report, now - start, tp.rate, tp.eta(report))

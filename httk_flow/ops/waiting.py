@@ -6,7 +6,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from httk_flow.errors import FlowError
+from httk_flow.ops.fit import TimeRequests, steady
+from httk_flow.ops.status import workspace_status
 from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key
 from httk_flow.protocol.workspace import Workspace
@@ -46,6 +50,69 @@ def _snapshot(
     return now, counts
 
 
+#: seconds the waited jobs must stand still before `wait_jobs` asks why
+STALL = 2.0
+#: seconds between two looks at why nothing moves while nothing does
+WHY_EVERY = 5.0
+#: the blocked reason that is not one: the job moves once its backoff has passed
+_BACKOFF = "waiting out a retry backoff"
+
+
+def _jobs(n: int, what: str = "job") -> str:
+    return f"{n} {what}{'s' * (n != 1)}"
+
+
+def why_stuck(
+    ws: Workspace,
+    jobs: list[JobHandle] | None,
+    counts: dict[State, int],
+    times: TimeRequests,
+) -> list[str]:
+    """Why none of the waited jobs (all jobs if None; `counts` per state) can move by
+    itself; empty when one can (a live manager runs, registers, or could claim one, or
+    a backoff will pass). One line per reason."""
+    r = workspace_status(ws, times=times)
+    live = bool(r.live_managers)
+    active = sum(counts[s] for s in State if s.is_active)
+    if live and (active or counts[State.SUBMITTED]):
+        return []
+    moving_elsewhere = live and (
+        r.counts[State.READY] > r.stuck_ready or any(r.counts[s] for s in State if s.is_active)
+    )
+    if jobs is None:
+        if r.counts[State.READY] > r.stuck_ready:
+            return []
+    else:
+        for h in jobs:
+            if h.state is State.READY and r.can_claim(h.marker.service, _needs(ws, h, times)):
+                return []
+            if h.state is State.WAITING and moving_elsewhere:
+                return []  # its children may be among what moves
+    lines = []
+    if active:
+        lines.append(
+            f"{_jobs(active)} claimed or running with no live manager to finish or recover "
+            "them; start one with `flow serve` or `flow run`"
+        )
+    lines += [f"blocked: {_jobs(n)}: {why}" for why, n in r.blocked if why != _BACKOFF]
+    if counts[State.PAUSED]:
+        lines.append(f"{_jobs(counts[State.PAUSED], 'paused job')}; `flow resume` continues it")
+    if counts[State.WAITING]:
+        lines.append(f"{_jobs(counts[State.WAITING], 'waiting job')} whose children cannot move")
+    return lines
+
+
+def _needs(ws: Workspace, h: JobHandle, times: TimeRequests) -> float | None:
+    if h.key in times.known:
+        return times.known[h.key]
+    try:
+        t = load_spec(ws, h.placement, h.key).time
+    except FlowError:
+        return None
+    times.remember(h.key, t)
+    return t
+
+
 def wait_jobs(
     ws: Workspace,
     jobs: list[JobHandle] | None,
@@ -53,10 +120,19 @@ def wait_jobs(
     timeout: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     interval: float = 0.5,
+    on_stuck: Callable[[list[str]], None] | None = None,
 ) -> WaitResult:
-    """Until every named job (all jobs if None) is terminal, or the timeout passes."""
+    """Until every named job (all jobs if None) is terminal, or the timeout passes.
+
+    When nothing moves, `on_stuck` is told why (one line per reason), once per change of
+    the reasons; nothing moves means the counts stood still for STALL seconds and
+    `why_stuck` finds no way forward (it looks again every WHY_EVERY seconds)."""
     start = time.monotonic()
     current = jobs
+    times = TimeRequests(ws)
+    said: list[str] = []
+    last: dict[State, int] | None = None
+    still_since, looked = start, -1e18
     while True:
         current_list, counts = _snapshot(ws, current)
         if current is not None:
@@ -65,7 +141,26 @@ def wait_jobs(
         done = counts[State.SUCCEEDED] + counts[State.FAILED] + counts[State.CANCELLED]
         if progress:
             progress(done, total)
+        now = time.monotonic()
+        if counts != last:
+            last, still_since, looked = counts, now, -1e18
+        elif (
+            on_stuck is not None
+            and done != total
+            and now - still_since >= STALL
+            and now - looked >= WHY_EVERY
+        ):
+            looked = now
+            why = why_stuck(ws, current, counts, times)
+            if why and [steady(w) for w in why] != [steady(w) for w in said]:
+                on_stuck(why)
+            said = why
         timed_out = timeout is not None and time.monotonic() - start >= timeout
+        if timed_out and done != total and on_stuck is not None and not said:
+            # a short timeout: say why now, if nothing can move
+            why = why_stuck(ws, current, counts, times)
+            if why:
+                on_stuck(why)
         if done == total or timed_out:
             return WaitResult(
                 total,

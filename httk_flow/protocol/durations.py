@@ -49,3 +49,17 @@ def format_duration(seconds: float) -> str:
         return f"{h}h{m:02d}m"
     d, h = divmod(h, 24)
     return f"{d}d{h:02d}h"
+
+
+def compact_duration(seconds: float) -> str:
+    """A duration the way users write one, without zero parts: 45s, 2m, 1m20s, 1h, 2h30m.
+
+    Rounded to whole seconds (up to whole minutes past an hour), never down to zero."""
+    s = max(1, round(seconds)) if seconds > 0 else 0
+    if s >= 3600:
+        s = 60 * -(-s // 60)
+    d, rest = divmod(s, 86400)
+    h, rest = divmod(rest, 3600)
+    m, sec = divmod(rest, 60)
+    parts = [(d, "d"), (h, "h"), (m, "m"), (sec, "s")]
+    return "".join(f"{n}{u}" for n, u in parts if n) or "0s"

@@ -48,6 +48,10 @@ def skew_bound(lease: float) -> float:
     return max(2.0, lease / 4)
 
 
+def _float_or_none(v: Any) -> float | None:
+    return float(v) if v is not None else None
+
+
 @dataclass(frozen=True)
 class ManagerInfo:
     """What a manager publishes about itself in heartbeat.json."""
@@ -62,6 +66,8 @@ class ManagerInfo:
     workers: int = 1
     running: int = 0
     draining: bool = False
+    #: the usable end (unix time, the manager's clock): it claims only work whose declared
+    #: time ends by then; None: no end known
     ends_at: float | None = None
     lease: float = 30.0
     #: /proc start time of the manager process, so a reused pid is not taken for it
@@ -70,7 +76,27 @@ class ManagerInfo:
     allocation: str = ""
     #: bumped by every rewrite: a reader sees the heartbeat change even within one mtime tick
     seq: int = 0
+    #: when it drains by itself (None: at ends_at, or never)
+    drain_at: float | None = None
+    #: the end of its allocation as the batch system said (None: not in one, or unknown)
+    allocation_end: float | None = None
+    #: seconds its allocation keeps back before that end: the drain and the signal margin
+    reserve: float | None = None
+    #: attempts it started so far
+    attempts: int = 0
+    #: ready jobs it looked at and left because their declared time would not end by
+    #: ends_at, and the longest time one of them declared
+    unfit: int = 0
+    unfit_need: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def usable_left(self, now: float) -> float | None:
+        """Seconds of claimable time left at `now` (0 while draining); None: no end."""
+        if self.draining:
+            return 0.0
+        if self.ends_at is None:
+            return None
+        return max(0.0, self.ends_at - now)
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -90,6 +116,12 @@ class ManagerInfo:
                 "start_time": self.start_time,
                 "allocation": self.allocation,
                 "seq": self.seq,
+                "drain_at": self.drain_at,
+                "allocation_end": self.allocation_end,
+                "reserve": self.reserve,
+                "attempts": self.attempts,
+                "unfit": self.unfit,
+                "unfit_need": self.unfit_need,
                 **self.extra,
             }
         )
@@ -114,6 +146,12 @@ class ManagerInfo:
                 start_time=int(d.get("start_time", 0)),
                 allocation=str(d.get("allocation", "")),
                 seq=int(d.get("seq", 0)),
+                drain_at=_float_or_none(d.get("drain_at")),
+                allocation_end=_float_or_none(d.get("allocation_end")),
+                reserve=_float_or_none(d.get("reserve")),
+                attempts=int(d.get("attempts", 0)),
+                unfit=int(d.get("unfit", 0)),
+                unfit_need=_float_or_none(d.get("unfit_need")),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise FlowError(f"is not a valid heartbeat ({e})", obj=where) from None

@@ -53,6 +53,10 @@ class AllocationRecord:
     handle: str | None = None
     reason: str = ""
     ran: bool = False  # it was seen running at least once
+    #: the walltime it was submitted with (seconds; None: the backend's default)
+    time: float | None = None
+    #: attempts its manager started, as its heartbeat last said
+    attempts: int = 0
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -72,6 +76,8 @@ class AllocationRecord:
                 d.get("handle"),
                 str(d.get("reason", "")),
                 bool(d.get("ran", False)),
+                float(d["time"]) if d.get("time") is not None else None,
+                int(d.get("attempts", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise FlowError(f"is not an allocation record ({e})", obj=where) from None

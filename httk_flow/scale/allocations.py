@@ -8,18 +8,17 @@ backend for the token, never by submitting blindly again.
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from httk_flow.errors import UsageError
-from httk_flow.ops.status import workspace_status
+from httk_flow.ops.status import Liveness, TimeRequests, workspace_status
 from httk_flow.protocol import layout
+from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.leases import read_managers
 from httk_flow.protocol.names import to36
-from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 from httk_flow.scale.allocation_records import (
     AllocationRecord,
@@ -34,11 +33,13 @@ from httk_flow.scale.backends.base import (
     Outcome,
     Phase,
 )
+from httk_flow.scale.sizing import Demand, ScaleSettings, Sizing, idle_why
 
 __all__ = [
     "AllocPhase",
     "AllocationRecord",
     "AllocationStore",
+    "Demand",
     "Reconciler",
     "ReconcilerLease",
     "ScaleSettings",
@@ -47,18 +48,6 @@ __all__ = [
 
 #: failures in a row (allocations that never ran) before the queue is paused
 PAUSE_AFTER = 3
-
-
-@dataclass(frozen=True)
-class ScaleSettings:
-    max: int = 4
-    min: int = 0
-    jobs_per_manager: int = 100
-    serve_args: tuple[str, ...] = ()
-    time: float | None = None
-    drain: float = 120.0
-    extra_args: tuple[str, ...] = ()
-    backoff_base: float = 30.0
 
 
 @dataclass
@@ -70,6 +59,13 @@ class TickReport:
     adopted: list[str] = field(default_factory=list)
     unavailable: str = ""
     paused: str = ""
+    #: the walltime new allocations are asked for (seconds; None: the backend's default)
+    walltime: float | None = None
+    #: queued jobs no allocation it would submit can fit (not demand), and why
+    unfit: int = 0
+    unfit_reason: str = ""
+    #: allocations cancelled because they cannot serve what is queued
+    replaced: list[str] = field(default_factory=list)
 
 
 class Reconciler:
@@ -89,21 +85,20 @@ class Reconciler:
         self.store = AllocationStore(ws)
         self.owner = "r" + to36(secrets.randbits(40))
         self._draining: set[str] = set()
+        #: the manager of each allocation, by token, as its heartbeat last said
+        self._managers: dict[str, Liveness] = {}
+        #: declared times of queued jobs, read a bounded sample per tick and kept
+        self.times = TimeRequests(ws)
+        self.sizing = Sizing(settings, backend.signal_margin)
         #: a test seam: called with "after_submit" between the backend's answer and the
         #: record that stores it, to model a crash there
         self.fault = fault
 
     # -- desired -----------------------------------------------------------------
 
-    def desired(self) -> tuple[int, int]:
-        """(allocations wanted, jobs that want a manager now)."""
-        r = workspace_status(self.ws)
-        queued = r.counts[State.SUBMITTED] + r.counts[State.READY]
-        active = sum(r.counts[s] for s in State if s.is_active)
-        work = queued + active
-        s = self.settings
-        want = math.ceil(work / max(1, s.jobs_per_manager)) if work else 0
-        return max(s.min, min(s.max, want)), queued
+    def desired(self) -> Demand:
+        """The allocations the queue wants, and the walltime to ask for (scale/sizing.py)."""
+        return self.sizing.demand(workspace_status(self.ws, times=self.times, submitted_times=True))
 
     # -- one tick ------------------------------------------------------------------
 
@@ -115,8 +110,11 @@ class Reconciler:
         except BackendUnavailable as e:
             report.unavailable = e.render()
             return report  # an unavailable scheduler moves no state
-        want, queued = self.desired()
-        report.desired = want
+        demand = self.desired()
+        want, queued = demand.want, demand.queued
+        report.desired, report.walltime = want, demand.walltime
+        report.unfit, report.unfit_reason = demand.unfit, demand.unfit_reason
+        records = self._replace_useless(records, demand, report)
         active = [r for r in records if r.phase.active]
         report.active = len(active)
         # allocations still winding down count against --max until they are gone
@@ -128,7 +126,7 @@ class Reconciler:
         report.paused = paused or ""
         if len(active) < want and not paused and not self._backing_off(records):
             for _ in range(min(want - len(active), room)):
-                rec = self._new()
+                rec = self._new(demand.walltime)
                 report.submitted.append(rec.token)
                 self._submit(rec, report)
         elif len(active) > want:
@@ -140,10 +138,15 @@ class Reconciler:
         self.store.save(new)
         return new
 
-    def _new(self) -> AllocationRecord:
+    def _new(self, walltime: float | None) -> AllocationRecord:
         now = self.clock()
         rec = AllocationRecord(
-            "a" + secrets.token_hex(8), self.backend.name, AllocPhase.REQUESTED, now, now
+            "a" + secrets.token_hex(8),
+            self.backend.name,
+            AllocPhase.REQUESTED,
+            now,
+            now,
+            time=walltime,
         )
         self.store.save(rec)  # the record exists before the submission does
         return rec
@@ -154,10 +157,12 @@ class Reconciler:
             self.ws.root,
             rec.token,
             s.serve_args,
-            s.time,
+            # what it was first asked with: a resubmission after an unknown answer too
+            rec.time if rec.time is not None else s.time,
             s.drain,
             s.extra_args,
             layout.allocation_logs(self.ws.root),
+            s.margin,
         )
 
     def _submit(self, rec: AllocationRecord, report: TickReport) -> AllocationRecord:
@@ -200,21 +205,79 @@ class Reconciler:
         seen = self.backend.observe(handles) if handles else {}
         # a manager that heartbeated from an allocation proves the allocation ran
         lives = read_managers(self.ws)
-        served = {lv.info.allocation for lv in lives if lv.info.allocation}
+        self._managers = {}
+        for one in sorted(lives, key=lambda m: (m.alive, m.info.attempts)):
+            if one.info.allocation:
+                self._managers[one.info.allocation] = one  # the live one, else the busiest
         self._draining = {lv.info.allocation for lv in lives if lv.alive and lv.info.draining}
         final = []
         for rec in out:
             obs = seen.get(rec.handle or "")
-            if rec.token in served and not rec.ran:
-                rec = self._put(rec, ran=True)
+            mgr = self._managers.get(rec.token)
+            if mgr is not None and (not rec.ran or mgr.info.attempts > rec.attempts):
+                rec = self._put(rec, ran=True, attempts=max(rec.attempts, mgr.info.attempts))
             if obs is not None and not rec.phase.ended:
                 rec = self._apply(rec, obs.phase, obs.reason)
             final.append(rec)
         return final
 
+    def _idle_why(self, rec: AllocationRecord) -> str:
+        """Why an allocation that ran started no attempt, as its manager's heartbeat tells."""
+        return idle_why(self._managers.get(rec.token))
+
+    def _replace_useless(
+        self, records: list[AllocationRecord], demand: Demand, report: TickReport
+    ) -> list[AllocationRecord]:
+        """Cancel allocations that can serve none of the queued work (too short for every
+        request; idle when running) while an allocation it would submit can: they no
+        longer count, and the reconciler submits fitting ones in their place."""
+        if not demand.queued or demand.untimed or demand.shortest is None:
+            return records
+        need = demand.shortest
+        out = []
+        for rec in records:
+            left = self._time_left(rec)
+            if rec.phase.active and left is not None and left < need:
+                lv = self._managers.get(rec.token)
+                busy = lv is not None and lv.alive and (lv.info.running or lv.info.draining)
+                if not busy:
+                    why = (
+                        f"cannot serve what is queued: the shortest request is "
+                        f"{compact_duration(need)}, it has {compact_duration(left)}"
+                    )
+                    cancelled = self._cancel(rec, why, report)
+                    if cancelled is not rec:
+                        report.replaced.append(rec.token)
+                    rec = cancelled
+            out.append(rec)
+        return out
+
+    def _time_left(self, rec: AllocationRecord) -> float | None:
+        """The claimable time an allocation still has or will have (None: unknown)."""
+        lv = self._managers.get(rec.token)
+        if rec.phase is AllocPhase.RUNNING and lv is not None and lv.alive:
+            return lv.info.usable_left(time.time())
+        if rec.phase in (AllocPhase.PENDING, AllocPhase.REQUESTED) and rec.time is not None:
+            return self.sizing.usable(rec.time)
+        return None
+
+    def _cancel(self, rec: AllocationRecord, why: str, report: TickReport) -> AllocationRecord:
+        """Mark it cancelling, then cancel it; as it was if the cancel was not sent."""
+        marked = self._put(rec, phase=AllocPhase.CANCELLING, reason=why)
+        if marked.handle:
+            try:
+                self.backend.cancel(marked.handle)
+            except BackendUnavailable as e:
+                report.unavailable = e.render()
+                return self._put(marked, phase=rec.phase, reason=f"cancel not sent: {e.render()}")
+        report.cancelled.append(marked.token)
+        return marked
+
     def _apply(self, rec: AllocationRecord, phase: Phase, reason: str) -> AllocationRecord:
         if rec.phase is AllocPhase.CANCELLING:
             if phase in (Phase.DONE, Phase.FAILED, Phase.UNKNOWN):
+                if rec.ran and not rec.attempts:
+                    reason = f"started no attempt: {self._idle_why(rec)}"
                 return self._put(rec, phase=AllocPhase.CANCELLED, reason=reason)
             if rec.handle and rec.token not in self._draining:
                 # marked but perhaps never cancelled (a crash in between): ask again; a
@@ -234,6 +297,10 @@ class Reconciler:
         if target is AllocPhase.DONE and not ran:
             target = AllocPhase.FAILED
             reason = reason or "ended without ever running"
+        elif target.ended and ran and not rec.attempts:
+            reason = "; ".join(
+                x for x in (f"started no attempt: {self._idle_why(rec)}", reason) if x
+            )
         return self._put(rec, phase=target, ran=ran, reason=reason)
 
     def _recent_failures(self, records: list[AllocationRecord]) -> list[AllocationRecord]:

@@ -378,7 +378,7 @@ def test_flow_pause_of_a_running_job_applies_beside_hostile_requests(
     assert p.log is not None
     log = p.log.read_text(errors="replace")
     assert "Traceback" not in log, log
-    assert rc in (0, 1), log
+    assert rc in (1, 4), log  # 4: it stopped with the paused job left
     info = job(root, jid)
     assert info.state is State.PAUSED, info.frames
     assert info.last["step"] == "two", info.last  # paused at the step it advanced to

@@ -120,7 +120,7 @@ def test_a_pause_outcome_leaves_the_job_paused(
     root: str, scripts: Path, managers: Managers
 ) -> None:
     pause = """publish '{"action":"pause","message":"look"}'\n"""
-    info = run_one(root, scripts, managers, 0, pause)
+    info = run_one(root, scripts, managers, 4, pause)  # stopped with paused work left
     assert info.state is State.PAUSED, dump(root)
     assert info.last["why"] == "pause"
     assert info.last["message"] == "look"

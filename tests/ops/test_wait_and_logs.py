@@ -50,10 +50,12 @@ def test_wait_exits_1_when_some_job_failed(flow: Flow, managers: Managers) -> No
 def test_wait_exits_3_when_the_timeout_passes(flow: Flow) -> None:
     flow.submit("--tag", "queued", "true")  # no manager: never runs
     r = flow("wait", "--timeout", "0.3")
-    assert (r.exit_code, r.output) == (
+    assert (r.exit_code, r.stdout) == (
         3,
         "0/1 done: 0 succeeded, 0 failed, 0 cancelled (timed out)\n",
     )
+    # and on stderr, why nothing moved
+    assert r.stderr.startswith("flow wait: nothing moves: blocked: 1 job: no live manager")
     assert flow.json("wait", "queued", "--timeout", "0", code=3)["timed_out"] is True
 
 

@@ -59,10 +59,17 @@ def get(name: str) -> AllocationBackend:
     return backends[name]
 
 
-def current_allocation_end() -> float | None:
-    """When the allocation this process runs in ends (unix time), if a backend can tell."""
+def current_allocation() -> tuple[float, float] | None:
+    """When the allocation this process runs in ends (unix time), if a backend can tell,
+    and how much earlier than asked that backend may signal its drain (its margin)."""
     for backend in available().values():
         end = backend.allocation_end()
         if end is not None:
-            return end
+            return end, backend.signal_margin
     return None
+
+
+def current_allocation_end() -> float | None:
+    """When the allocation this process runs in ends (unix time), if a backend can tell."""
+    found = current_allocation()
+    return found[0] if found is not None else None

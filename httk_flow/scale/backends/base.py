@@ -34,6 +34,8 @@ class AllocationRequest:
     drain: float = 120.0  # seconds before the end at which the manager is told to drain
     extra_args: tuple[str, ...] = ()  # backend-specific submission arguments
     log_dir: str | None = None
+    #: how much earlier than `drain` the batch system may signal; None: the backend's own
+    margin: float | None = None
 
 
 class Outcome(enum.Enum):
@@ -59,6 +61,8 @@ class Observation:
 
 class AllocationBackend(Protocol):
     name: str
+    #: seconds by which the drain signal may come earlier than asked
+    signal_margin: float
 
     def submit(self, request: AllocationRequest) -> SubmitResult: ...
 
@@ -125,6 +129,7 @@ class SubmitOne(Protocol):
         time: float | None,
         drain: float,
         extra_args: tuple[str, ...],
+        margin: float | None = None,
     ) -> Submitted:
         """Submit one manager allocation; a FlowError says why not (or that it is unknown)."""
         ...
@@ -143,3 +148,5 @@ class BackendCommand:
     arg_flag: str
     arg_help: str
     submit: SubmitOne
+    #: seconds by which this batch system may signal the drain earlier than asked
+    signal_margin: float = 0.0

@@ -36,6 +36,7 @@ from httk_flow.scale.backends.slurm.parse import (
     parse_squeue,
 )
 from httk_flow.scale.backends.slurm.script import (
+    SIGNAL_MARGIN,
     batch_script,
     check_request,
     default_log_dir,
@@ -51,6 +52,7 @@ END_TIMEOUT = 20.0
 
 class SlurmBackend:
     name = "slurm"
+    signal_margin = SIGNAL_MARGIN
 
     def __init__(
         self,

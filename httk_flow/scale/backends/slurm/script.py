@@ -17,6 +17,9 @@ from httk_flow.scale.backends.base import AllocationRequest
 
 #: Slurm's limit for the `--signal` offset
 MAX_SIGNAL_OFFSET = 65535
+#: Slurm handles `--signal` in passes about a minute apart: it may signal up to 60 s
+#: earlier than asked, so a manager leaves this much more before the drain
+SIGNAL_MARGIN = 60.0
 
 
 def job_name(token: str) -> str:
@@ -71,8 +74,20 @@ def sbatch_argv(request: AllocationRequest, sbatch: str = "sbatch") -> list[str]
     return argv
 
 
+def margin_seconds(request: AllocationRequest) -> int:
+    """How much earlier than asked Slurm may send the drain signal (the request's own
+    margin, else Slurm's usual minute)."""
+    margin = SIGNAL_MARGIN if request.margin is None else request.margin
+    return max(0, math.ceil(margin))
+
+
 def batch_script(request: AllocationRequest, python: str | None = None) -> str:
-    """The batch script: export the token, then become the manager."""
+    """The batch script: export the token, then become the manager.
+
+    The manager asks Slurm when the allocation ends; it is told here how long before
+    that end the drain signal is due (`--drain-before`, the `--signal` offset) and how
+    much earlier it may come (`--signal-margin`), so it claims only work that ends before
+    the earliest drain. Serve arguments come after these, so the user's own win."""
     serve = [
         python or sys.executable,
         "-m",
@@ -84,6 +99,9 @@ def batch_script(request: AllocationRequest, python: str | None = None) -> str:
     # one worker per CPU of the allocation unless the serve arguments say otherwise
     # (a later --workers wins); os.cpu_count() would count the whole node
     workers = '--workers "${SLURM_CPUS_ON_NODE:-1}"'
+    ends = (
+        f"--drain-before {drain_seconds(request.drain)}s --signal-margin {margin_seconds(request)}s"
+    )
     args = " ".join(shlex.quote(a) for a in request.serve_args)
     return (
         "#!/bin/bash\n"
@@ -92,6 +110,6 @@ def batch_script(request: AllocationRequest, python: str | None = None) -> str:
         # an end time another launcher may have exported: Slurm itself is asked instead
         f"unset {layout.ENV_ALLOCATION_END}\n"
         "# exec: the manager is the batch shell, so the drain signal reaches it\n"
-        f"exec {' '.join(shlex.quote(a) for a in serve)} {workers} {args}\n".rstrip()
+        f"exec {' '.join(shlex.quote(a) for a in serve)} {workers} {ends} {args}\n".rstrip()
         + "\n"
     )

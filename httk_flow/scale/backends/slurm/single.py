@@ -15,7 +15,12 @@ from httk_flow.scale.backends.base import (
     Submitted,
     adopt_by_token,
 )
-from httk_flow.scale.backends.slurm.script import check_request, default_log_dir, job_name
+from httk_flow.scale.backends.slurm.script import (
+    SIGNAL_MARGIN,
+    check_request,
+    default_log_dir,
+    job_name,
+)
 
 #: how long to keep asking by token after a submission without a definite answer
 ADOPT_WAIT = 10.0
@@ -28,6 +33,7 @@ def submit_one(
     time: float | None,
     drain: float,
     extra_args: tuple[str, ...],
+    margin: float | None = None,
 ) -> Submitted:
     """Submit one allocation running `flow serve SERVE_ARGS` on the workspace; an unknown
     answer is resolved by asking for its token, never by submitting again."""
@@ -43,6 +49,7 @@ def submit_one(
         drain=drain,
         extra_args=extra_args,
         log_dir=log_dir,
+        margin=margin,
     )
     problem = check_request(request)
     if problem:
@@ -78,4 +85,5 @@ SBATCH = BackendCommand(
     arg_flag="--sbatch-arg",
     arg_help="Passed to sbatch as it is, e.g. --sbatch-arg=--partition=short (repeatable).",
     submit=submit_one,
+    signal_margin=SIGNAL_MARGIN,
 )

@@ -1,0 +1,89 @@
+"""What `flow run` leaves when it stops for want of anything it can do: work it serves
+but could never do by itself, said in one line, and exit status 4."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from httk_flow.manager.passes import ClaimPass
+from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.durations import compact_duration
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
+
+#: `flow run`'s exit status when it stopped with work left that it could not do
+EXIT_WORK_LEFT = 4
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Work a manager leaves when it stops because nothing it can do is left: jobs it
+    serves that it could never do by itself (jobs of pools it does not serve and outside
+    its placements are not its work; jobs in backoff or run elsewhere it waits for)."""
+
+    #: ready jobs whose declared time would not end by its usable end, the longest such
+    #: time, and the usable time it had left
+    unfit: int = 0
+    need: float = 0.0
+    left: float | None = None
+    #: ready jobs it could not claim (damaged: reported as problems)
+    unclaimable: int = 0
+    paused: int = 0
+    #: joins that cannot be decided: their children are among what is left
+    waiting: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.unfit or self.unclaimable or self.paused or self.waiting)
+
+    def describe(self) -> str:
+        """One line: what is left, and why."""
+        parts = []
+        if self.unfit:
+            need = compact_duration(self.need)
+            had = compact_duration(self.left or 0.0)
+            parts.append(
+                f"{_jobs(self.unfit, 'ready job')} "
+                + (f"needs {need}" if self.unfit == 1 else f"need up to {need}")
+                + f" but this manager had {had} left (give managers more time: a longer "
+                "--walltime or allocation)"
+            )
+        if self.unclaimable:
+            parts.append(
+                f"{_jobs(self.unclaimable, 'ready job')} could not be claimed "
+                "(see the problems above)"
+            )
+        if self.paused:
+            parts.append(
+                f"{_jobs(self.paused, 'paused job')} (`flow resume` "
+                + ("continues it)" if self.paused == 1 else "continues them)")
+            )
+        if self.waiting:
+            parts.append(f"{_jobs(self.waiting, 'waiting job')} whose children cannot finish here")
+        return "; ".join(parts)
+
+
+def _jobs(n: int, what: str) -> str:
+    return f"{n} {what}{'s' * (n != 1)}"
+
+
+def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftover:
+    """What is left under `places` that the claim pass serves but could not take: ready
+    jobs too long for its end or damaged, paused jobs, and joins that cannot be decided
+    (a manager stops idle only once its join scan went round: a join left is stuck)."""
+    unfit, unclaimable, need = 0, 0, 0.0
+    still: set[str] = set()
+    for h in walk_all(ws, State.READY, places):
+        if not claim.serves(h):
+            continue
+        if h.key in claim.unclaimable:
+            unclaimable += 1
+        elif (n := claim.need_of(h.key)) is not None:
+            unfit += 1
+            need = max(need, n)
+            still.add(h.key)
+    claim.forget_unfit(still)
+    paused = sum(1 for h in walk_all(ws, State.PAUSED, places) if claim.serves(h))
+    waiting = sum(1 for h in walk_all(ws, State.WAITING, places) if claim.serves(h))
+    ends = claim.ends_at
+    left = max(0.0, ends - claim.ctx.clock()) if ends is not None else None
+    return Leftover(unfit, need, left, unclaimable, paused, waiting)
