@@ -70,6 +70,8 @@ class Pending:
     tries: int = 0
 
 
+#: how long a cancellation's evidence waits for a KILLed process group to be gone
+KILL_SETTLE = 2.0
 #: backoff of a retried commit: doubling from half a second up to this
 PENDING_DELAY_CAP = 30.0
 #: a commit failing for a reason not known to pass is given up after this many tries
@@ -405,13 +407,16 @@ class LocalAttempts:
         att = was.attempt
         if att is None or att.manager != self.actor:
             return None
+        gone = reaped
         if not reaped:
             signal_group(la.proc.pid, signal.SIGKILL)
+            # a KILLed process is gone once the kernel has run it one last time: on a
+            # busy node that takes a moment, which the evidence waits for (boundedly)
+            deadline = time.monotonic() + KILL_SETTLE
+            while not (gone := not group_alive(la.proc.pid)) and time.monotonic() < deadline:
+                time.sleep(0.01)
         evidence = Evidence(
-            exit=code,
-            signal=sig,
-            verified="reaped by its manager",
-            group_gone=reaped or not group_alive(la.proc.pid),
+            exit=code, signal=sig, verified="reaped by its manager", group_gone=gone
         )
         body = was.carry(attempt=att, evidence=evidence, why="cancelled")
         try:

@@ -22,6 +22,7 @@ from .support import (
     dump,
     flow,
     job,
+    log_of,
     manager_up,
     submit,
     write_script,
@@ -213,3 +214,29 @@ def test_an_outcome_published_at_the_limit_is_used(
     assert [why for _, _, why in committed(info)] == ["advance", "succeed"]
     assert info.attempts[0]["result"]["time_limit"] == 1.0
     assert "timeouts" not in info.last and "charged" not in info.last
+
+
+def test_the_time_request_grows_with_the_limit_and_the_fit_uses_it(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    """After a stop at its limit, the job asks for its --time times the factor: a manager
+    whose walltime has less left than that no longer claims it, and says what it needs."""
+    program = write_script(scripts, "needs.sh", NEEDS_TIME)
+    [jid] = submit(
+        root,
+        program,
+        tag="grows",
+        params={"needs": "30"},
+        time=2.0,
+        time_limit=2.0,
+        time_limit_factor=10.0,
+    )
+    p = managers.start(root, "--walltime", "12s", "--kill-grace", "1s")
+    p.wait(60)
+    # the first attempt fitted (2 s of 12) and was stopped at 2 s; the retry needs 20 s
+    assert p.returncode == 4, log_of(p)
+    info = job(root, jid)
+    assert info.state is State.READY and len(info.attempts) == 1, dump(root, [jid])
+    assert info.attempts[0]["result"]["time_limit"] == 2.0
+    assert info.last["timeouts"] == 1
+    assert re.search(r"1 ready job needs 20s but this manager had \d+s left", log_of(p)), log_of(p)
