@@ -135,10 +135,13 @@ def show(app: App, /, job: str, as_json: bool) -> None:
             lines.append(("params", " ".join(f"{k}={v}" for k, v in spec.params.items())))
         if spec.pool or spec.requires:
             lines.append(("serves", f"pool {spec.pool or 'default'} " + " ".join(spec.requires)))
-        snap = v.frame.snap if v.frame is not None else None
-        used = f" ({snap.try_} this activation, {snap.charged} charged in all)" if snap else ""
+        charged = v.frame.snap.charged if v.frame is not None else 0
         lines.append(
-            ("retries", f"{spec.retries} per activation, {spec.max_attempts} at most{used}")
+            (
+                "retries",
+                f"{spec.retries} per activation; {charged} of at most {spec.max_attempts} "
+                "failures charged",
+            )
         )
         if spec.time is not None:
             lines.append(("time", f"{duration_words(spec.time)} (request)"))

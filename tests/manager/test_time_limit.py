@@ -104,6 +104,7 @@ def test_a_time_limit_stops_the_whole_group_and_the_retry_gets_the_grown_limit(
         f"directory   {job_dir}",
         "program     needs.sh",
         "params      needs=2.5",
+        "retries     2 per activation; 1 of at most 100 failures charged",
         "limit       4s (--time-limit 1s, ×4 after each attempt stopped at its limit)",
         re.compile(r"elapsed     2\.\ds"),
         "",

@@ -53,10 +53,7 @@ def test_a_waiting_parent_shows_its_join_and_the_end_its_message(
     }
     text = flow.ok("show", "fam")
     assert _field(text, "join") == "3 children, all_succeeded: 2 ready, 1 running; then collect"
-    assert (
-        _field(text, "retries")
-        == "3 per activation, 100 at most (1 this activation, 0 charged in all)"
-    )
+    assert _field(text, "retries") == "3 per activation; 0 of at most 100 failures charged"
 
     (Path(flow.root) / "release").touch()
     wait_for(lambda: flow.state("fam") == "succeeded" or p.poll() is not None, 60)
