@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
+from httk_flow.errors import UsageError
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
 from httk_flow.protocol.durations import format_duration
@@ -33,6 +35,44 @@ def _when(t: object) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
+#: the columns of `flow list`, by the name `--format` knows them: (header, cell of a row)
+COLUMNS: dict[str, tuple[str, Callable[[lookup.JobRow], object]]] = {
+    "id": ("ID", lambda r: r.handle.job_id[:12]),
+    "fullid": ("ID", lambda r: r.handle.job_id),
+    "key": ("KEY", lambda r: r.handle.key),
+    "tag": ("TAG", lambda r: r.handle.marker.tag),
+    "state": ("STATE", lambda r: r.handle.state.value),
+    "step": ("STEP", lambda r: r.step),
+    "prio": ("PRIO", lambda r: r.handle.marker.priority),
+    "attempts": ("ATTEMPTS", lambda r: r.attempts),
+    "start": ("START", lambda r: _when(r.start)),
+    "end": ("END", lambda r: _when(r.end)),
+    "elapsed": ("ELAPSED", lambda r: _elapsed(r.elapsed)),
+    "limit": ("LIMIT", lambda r: _limit(r.limit)),
+    "placement": ("PLACEMENT", lambda r: r.handle.placement),
+    "reason": ("REASON", lambda r: _reason(r)),
+}
+DEFAULT_COLUMNS = "id,tag,state,step,prio,attempts,elapsed,limit,placement"
+
+
+def _reason(r: lookup.JobRow) -> str:
+    if r.failure is not None:
+        return r.failure.code
+    return f"interrupted ({r.interrupted})" if r.interrupted else "-"
+
+
+def _columns(spec: str) -> list[str]:
+    names = [c.strip().lower() for c in spec.split(",") if c.strip()]
+    bad = [c for c in names if c not in COLUMNS]
+    if bad or not names:
+        raise UsageError(
+            f"unknown column {', '.join(bad)}" if bad else "names no column",
+            obj=f"--format {spec}",
+            hint=f"columns are {', '.join(COLUMNS)}",
+        )
+    return names
+
+
 @click.command("list")
 @click.option(
     "--state",
@@ -42,35 +82,52 @@ def _when(t: object) -> str:
     help="Only jobs in this state (repeatable).",
 )
 @click.option("--tag", default=None, help="Only jobs with this tag.")
+@click.option("--failed-code", default=None, help="Only failed jobs with this failure code.")
+@click.option(
+    "--interrupted",
+    is_flag=True,
+    help="Only jobs whose last attempt was stopped from outside (a drain, a takeover).",
+)
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many rows.")
+@click.option(
+    "--format",
+    "columns",
+    default=None,
+    metavar="COLS",
+    help=f"Comma-separated columns (default {DEFAULT_COLUMNS}, and reason when a row "
+    f"failed); from {','.join(COLUMNS)}.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
 def list_(
-    app: App, /, states: tuple[str, ...], tag: str | None, limit: int | None, as_json: bool
+    app: App,
+    /,
+    states: tuple[str, ...],
+    tag: str | None,
+    failed_code: str | None,
+    interrupted: bool,
+    limit: int | None,
+    columns: str | None,
+    as_json: bool,
 ) -> None:
     """One row per job."""
+    names = _columns(columns) if columns is not None else None
     sel = tuple(State(s) for s in states) or tuple(State)
-    rows = lookup.list_rows(app.ws, sel, tag=tag, limit=limit)
+    rows = lookup.list_rows(
+        app.ws, sel, tag=tag, limit=limit, failed_code=failed_code, interrupted=interrupted
+    )
     if as_json:
         app.json({"jobs": [r.to_json() for r in rows]})
         return
+    listed = list(rows)
+    if names is None:
+        names = DEFAULT_COLUMNS.split(",")
+        if any(r.failure is not None for r in listed):
+            names.insert(names.index("elapsed"), "reason")
     app.table(
-        ["ID", "TAG", "STATE", "STEP", "PRIO", "ATTEMPTS", "ELAPSED", "LIMIT", "PLACEMENT"],
-        [
-            [
-                r.handle.job_id[:12],
-                r.handle.marker.tag,
-                r.handle.state.value,
-                r.step,
-                r.handle.marker.priority,
-                r.attempts,
-                _elapsed(r.elapsed),
-                _limit(r.limit),
-                r.handle.placement,
-            ]
-            for r in rows
-        ],
+        [COLUMNS[c][0] for c in names],
+        [[COLUMNS[c][1](r) for c in names] for r in listed],
     )
 
 

@@ -293,6 +293,10 @@ class JobRow:
     attempts: int
     limit: float | None = None  # JobView.limit
     elapsed: float | None = None  # of the running attempt, else of the last one
+    start: float | None = None  # when the running (else the last) attempt started
+    end: float | None = None  # when the last attempt's commit ended it
+    failure: Failure | None = None
+    interrupted: str | None = None  # the last attempt was stopped: "drain" or "takeover"
 
     def to_json(self) -> dict[str, object]:
         h = self.handle
@@ -307,6 +311,10 @@ class JobRow:
             "placement": h.placement,
             "limit": self.limit,
             "elapsed": round(self.elapsed, 3) if self.elapsed is not None else None,
+            "start": self.start,
+            "end": self.end,
+            "failure": self.failure.to_json() if self.failure is not None else None,
+            "interrupted": self.interrupted,
         }
 
 
@@ -353,8 +361,14 @@ def list_rows(
     *,
     tag: str | None = None,
     limit: int | None = None,
+    failed_code: str | None = None,
+    interrupted: bool = False,
 ) -> Iterator[JobRow]:
-    """Jobs in the given states (streamed), each with its step and attempt count."""
+    """Jobs in the given states (streamed), each with its step and attempt count; only
+    failed ones with `failed_code`, only those whose last attempt was stopped from
+    outside (a drain, a takeover) with `interrupted`."""
+    if failed_code is not None:
+        states = tuple(st for st in states if st is State.FAILED)
     n = 0
     for h in all_jobs(ws, states):
         if tag is not None and h.marker.tag != tag:
@@ -364,10 +378,27 @@ def list_rows(
         try:
             frame = ws.reader.frame(h.marker.ref)
         except FlowError:
+            if failed_code is not None or interrupted:
+                continue
             n += 1
             yield JobRow(h, "?", 0)
             continue
-        snap = frame.snap
+        snap, failure, result = frame.snap, frame.body.failure, frame.body.result
+        if failed_code is not None and (failure is None or failure.code != failed_code):
+            continue
+        stopped = result.interrupted if result is not None else None
+        if interrupted and stopped is None:
+            continue
+        elapsed = _elapsed_of(h.state, frame, time.time())
+        start: float | None
+        end: float | None
+        if h.state is State.RUNNING:
+            start, end = frame.t, None
+        elif result is not None:
+            end = frame.t
+            start = end - result.elapsed if result.elapsed is not None else None
+        else:
+            start = end = None
 
         def spec(h: JobHandle = h) -> JobSpec | None:
             try:
@@ -381,5 +412,9 @@ def list_rows(
             snap.step or "?",
             snap.tries,
             limit_of(h.state, frame, spec),
-            _elapsed_of(h.state, frame, time.time()),
+            elapsed,
+            start,
+            end,
+            failure if h.state is State.FAILED else None,
+            stopped,
         )

@@ -68,9 +68,14 @@ def test_list_json_rows_have_the_contract_keys(runner: CliRunner, ws: str) -> No
         "placement",
         "limit",
         "elapsed",
+        "start",
+        "end",
+        "failure",
+        "interrupted",
     }
     assert (rows[0]["tag"], rows[0]["state"], rows[0]["priority"]) == ("a", "submitted", 7)
     assert (rows[0]["limit"], rows[0]["elapsed"]) == (None, None)
+    assert (rows[0]["start"], rows[0]["end"], rows[0]["failure"]) == (None, None, None)
 
 
 def test_list_plain_output_is_a_stable_table(runner: CliRunner, ws: str) -> None:
