@@ -135,7 +135,9 @@ def test_flow_scale_keeps_at_most_max_allocations_and_ends_them_when_the_queue_i
     assert peak <= 2
     assert sum(len(r["submitted"]) for r in reports) == 2  # two were enough
     assert {r.phase for r in records} == {AllocPhase.CANCELLED}, records
-    assert all(r.ran for r in records)
+    # the first manager may do all 200 jobs before the second allocation leaves the
+    # queue: that one is then cancelled still pending, which is what ending them means
+    assert any(r.ran for r in records), records
     assert len(cluster.since(first)) == 2
 
 
