@@ -16,6 +16,7 @@ from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
 from httk_flow.protocol.durations import format_duration
 from httk_flow.protocol.jobspec import duration_words
+from httk_flow.protocol.resources import Request
 from httk_flow.protocol.states import State
 
 STATE_NAMES = [s.value for s in State]
@@ -156,6 +157,7 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         "elapsed": round(elapsed, 3) if (elapsed := v.elapsed) is not None else None,
         "attempts": [a.to_json() for a in v.attempts],
         "definition": v.spec.to_dict() if v.spec else None,
+        "resources": _resources(v.spec.resources) if v.spec else None,
     }
     if v.spec_error:
         doc["definition_error"] = v.spec_error
@@ -202,6 +204,8 @@ def show(app: App, /, job: str, as_json: bool) -> None:
         )
         if spec.time is not None:
             lines.append(("time", f"{duration_words(spec.time)} (request)"))
+        if not spec.resources.is_default:
+            lines.append(("resources", spec.resources.describe() + " per attempt"))
     if v.limit is not None:
         lines.append(("limit", _limit_words(v)))
     if v.elapsed is not None:
@@ -237,6 +241,11 @@ def show(app: App, /, job: str, as_json: bool) -> None:
                 for a in v.attempts
             ],
         )
+
+
+def _resources(r: Request) -> dict[str, Any]:
+    """A request as `flow show --json` says it: every member, defaults included."""
+    return {"cpus": r.cpus, "gpus": r.gpus, "mem": r.mem, "custom": dict(r.custom)}
 
 
 def _limit_words(v: lookup.JobView) -> str:

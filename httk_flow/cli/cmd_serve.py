@@ -79,10 +79,66 @@ def _options(f: Any) -> Any:
     return f
 
 
+def _resource_options(f: Any) -> Any:
+    """What the manager gives its attempts (docs/cli.md, "Resources")."""
+    for opt in reversed(
+        [
+            click.option(
+                "--cpus",
+                type=click.IntRange(min=1),
+                default=None,
+                metavar="N",
+                help="CPUs attempts share (default: the CPUs this process may run on, "
+                "as its affinity mask and the batch allocation say).",
+            ),
+            click.option(
+                "--gpus",
+                default=None,
+                metavar="N|LIST",
+                help="GPUs attempts share: a count, or ids (0,1; one id: 2,). Default: "
+                "CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES or the batch allocation's.",
+            ),
+            click.option(
+                "--mem",
+                default=None,
+                metavar="SIZE",
+                help="Memory attempts share, e.g. 64G (default: the batch allocation's, "
+                "the cgroup's limit, else the machine's).",
+            ),
+            click.option(
+                "--resource",
+                "resources",
+                multiple=True,
+                metavar="NAME=N",
+                help="Units of a site-defined resource attempts share (repeatable).",
+            ),
+            click.option(
+                "--bind",
+                type=click.Choice(["none", "cpus"]),
+                default="none",
+                show_default=True,
+                help="cpus: pin each attempt's processes to its own CPUs.",
+            ),
+            click.option(
+                "--reserve-after",
+                default=None,
+                metavar="DURATION",
+                help="A job too large for what is free lets smaller ones past this long, "
+                "then keeps back what it needs as it frees up (default 60s).",
+            ),
+        ]
+    ):
+        f = opt(f)
+    return f
+
+
 def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
     """The manager's configuration from the flags as given; the package resolves it."""
     return ManagerConfig.resolve(
-        exit_when_idle=exit_when_idle, allocation=backends.current_allocation, **flags
+        exit_when_idle=exit_when_idle,
+        allocation=backends.current_allocation,
+        grant=backends.current_grant,
+        **flags,
     )
 
 
@@ -97,6 +153,7 @@ def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
     help="Exit once nothing is actionable (for this long).",
 )
 @_options
+@_resource_options
 @click.pass_obj
 def serve(app: App, /, idle: str | None, **kw: Any) -> None:
     """Run a manager until stopped: the first SIGTERM/SIGINT drains, a second exits."""
@@ -114,6 +171,7 @@ def serve(app: App, /, idle: str | None, **kw: Any) -> None:
     help="Seconds of idleness before exiting.",
 )
 @_options
+@_resource_options
 @click.pass_obj
 def run(app: App, /, idle: str, **kw: Any) -> None:
     """`flow serve --exit-when-idle`: exit 0 when done, 1 if any job it ran failed."""

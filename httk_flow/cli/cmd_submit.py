@@ -17,6 +17,7 @@ from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
 from httk_flow.protocol.jobspec import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRIES
 from httk_flow.protocol.names import DEFAULT_PRIORITY
+from httk_flow.protocol.resources import Request
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 
 #: past this many jobs a terminal gets a summary line instead of every id
@@ -130,6 +131,33 @@ class SubmitCommand(click.Command):
 @click.option("--pool", default=None, help="Only managers serving this pool run it.")
 @click.option("--requires", multiple=True, metavar="CAP", help="A needed capability.")
 @click.option(
+    "--cpus",
+    type=int,
+    default=None,
+    metavar="N",
+    help="CPUs each attempt holds (default 1); it is told them in FLOW_CPUS/FLOW_CPU_LIST.",
+)
+@click.option(
+    "--gpus",
+    type=int,
+    default=None,
+    metavar="N",
+    help="GPUs each attempt holds (default 0); CUDA_VISIBLE_DEVICES names its own.",
+)
+@click.option(
+    "--mem",
+    default=None,
+    metavar="SIZE",
+    help="Memory each attempt holds, e.g. 4G or 512M (a bare number is megabytes).",
+)
+@click.option(
+    "--resource",
+    "resources",
+    multiple=True,
+    metavar="NAME=N",
+    help="Units of a site-defined resource each attempt holds, e.g. licence=1 (repeatable).",
+)
+@click.option(
     "--time",
     "time_",
     default=None,
@@ -208,6 +236,10 @@ def submit(
     params: tuple[str, ...],
     inputs: tuple[str, ...],
     requires: tuple[str, ...],
+    cpus: int | None,
+    gpus: int | None,
+    mem: str | None,
+    resources: tuple[str, ...],
     time_: str | None,
     time_limit: str | None,
     array: str | None,
@@ -228,6 +260,7 @@ def submit(
         inputs=list(inputs),
         input_max=parse_size(input_max) if input_max is not None else DEFAULT_INPUT_MAX,
         requires=list(requires),
+        resources=Request.build(cpus=cpus, gpus=gpus, mem=mem, custom=list(resources)),
         time=parse_duration(time_, "--time") if time_ else None,
         time_limit=parse_duration(time_limit, "--time-limit") if time_limit else None,
         **opts,

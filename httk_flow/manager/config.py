@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from httk_flow.errors import UsageError
+from httk_flow.manager.inventory import Inventory, detect
+from httk_flow.manager.slots import RESERVE_AFTER
 from httk_flow.protocol import layout
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.names import check_label, check_placement
+from httk_flow.protocol.resources import NO_GRANT, Grant
 from httk_flow.protocol.workspace import check_lease
 
 #: the batch script may export when its allocation ends (unix seconds)
@@ -21,9 +25,17 @@ ALLOCATION_END_ENV = layout.ENV_ALLOCATION_END
 Order = Literal["depth", "breadth"]
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class ManagerConfig:
-    workers: int = os.cpu_count() or 1
+    workers: int = field(default_factory=lambda: _usable_cpus())
     pools: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
     placements: tuple[str, ...] = ()
@@ -55,6 +67,13 @@ class ManagerConfig:
     log_format: Literal["text", "json"] = "text"
     #: print one line per transition
     verbose: bool = True
+    #: the CPUs, GPUs, memory and site resources attempts share (None: `workers` CPUs
+    #: and what the environment shows of the rest)
+    inventory: Inventory | None = None
+    #: pin each attempt's process group to its own CPUs
+    bind_cpus: bool = False
+    #: seconds a job too large for what is free lets smaller ones past (claim.py)
+    reserve_after: float = RESERVE_AFTER
 
     def __post_init__(self) -> None:
         # every way of building a manager meets the floor, not only the command line
@@ -84,6 +103,13 @@ class ManagerConfig:
         drain_before: str | None = None,
         signal_margin: str | None = None,
         order: str = "depth",
+        cpus: int | None = None,
+        gpus: str | None = None,
+        mem: str | None = None,
+        resources: tuple[str, ...] = (),
+        bind: str | None = None,
+        reserve_after: str | None = None,
+        grant: Callable[[Mapping[str, str]], Grant] = lambda _env: NO_GRANT,
         allocation_end: Callable[[], float | None] = lambda: None,
         allocation: Callable[[], tuple[float, float] | None] | None = None,
         environ: Mapping[str, str] = os.environ,
@@ -135,8 +161,30 @@ class ManagerConfig:
             check_label(p, "pool")
         for c in caps:
             check_label(c, "capability")
+        if bind not in (None, "none", "cpus"):
+            raise UsageError("must be cpus or none", obj=f"--bind {bind!r}")
+        inventory = detect(
+            cpus=cpus,
+            gpus=gpus,
+            mem=mem,
+            resources=resources,
+            environ=environ,
+            grant=grant(environ),
+        )
+        if workers is not None and cpus is None and workers > inventory.cpus:
+            # --workers alone asked for this many at once, as before inventories: 1 CPU each
+            inventory = dataclasses.replace(
+                inventory,
+                cpus=workers,
+                sources=(("cpus", "--workers"), *inventory.sources[1:]),
+            )
         return cls(
-            workers=workers or os.cpu_count() or 1,
+            workers=workers or inventory.cpus,
+            inventory=inventory,
+            bind_cpus=bind == "cpus",
+            reserve_after=parse_duration(reserve_after, "--reserve-after")
+            if reserve_after
+            else RESERVE_AFTER,
             pools=tuple(pools),
             capabilities=tuple(caps),
             placements=tuple(check_placement(p) for p in placements),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from httk_flow.manager.passes import ClaimPass
+from httk_flow.manager.claim import ClaimPass
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.states import State
@@ -31,9 +31,12 @@ class Leftover:
     paused: int = 0
     #: joins that cannot be decided: their children are among what is left
     waiting: int = 0
+    #: ready jobs that ask more than this manager has, and why (the largest such ask)
+    oversize: int = 0
+    oversize_why: str = ""
 
     def __bool__(self) -> bool:
-        return bool(self.unfit or self.unclaimable or self.paused or self.waiting)
+        return bool(self.unfit or self.unclaimable or self.paused or self.waiting or self.oversize)
 
     def describe(self) -> str:
         """One line: what is left, and why."""
@@ -46,6 +49,13 @@ class Leftover:
                 + (f"needs {need}" if self.unfit == 1 else f"need up to {need}")
                 + f" but this manager had {had} left (give managers more time: a longer "
                 "--walltime or allocation)"
+            )
+        if self.oversize:
+            parts.append(
+                f"{_jobs(self.oversize, 'ready job')} "
+                + ("asks" if self.oversize == 1 else "ask")
+                + f" more than this manager has ({self.oversize_why}; start one with more: "
+                "--cpus, --gpus, --mem, --resource)"
             )
         if self.unclaimable:
             parts.append(
@@ -70,10 +80,14 @@ def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftov
     """What is left under `places` that the claim pass serves but could not take: ready
     jobs too long for its end or damaged, paused jobs, and joins that cannot be decided
     (a manager stops idle only once its join scan went round: a join left is stuck)."""
-    unfit, unclaimable, need = 0, 0, 0.0
+    unfit, unclaimable, need, oversize, why = 0, 0, 0.0, 0, ""
     still: set[str] = set()
     for h in walk_all(ws, State.READY, places):
         if not claim.serves(h):
+            too_big = claim.oversize(h)
+            if too_big is not None:
+                oversize += 1
+                why = why or too_big
             continue
         if h.key in claim.unclaimable:
             unclaimable += 1
@@ -86,4 +100,4 @@ def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftov
     waiting = sum(1 for h in walk_all(ws, State.WAITING, places) if claim.serves(h))
     ends = claim.ends_at
     left = max(0.0, ends - claim.ctx.clock()) if ends is not None else None
-    return Leftover(unfit, need, left, unclaimable, paused, waiting)
+    return Leftover(unfit, need, left, unclaimable, paused, waiting, oversize, why)

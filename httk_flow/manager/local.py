@@ -8,21 +8,27 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
-from httk_flow.manager.attempts import OUTCOME_STAGING, AttemptPlan, prepare
+from httk_flow.manager.attempts import OUTCOME_STAGING, prepare
 from httk_flow.manager.commit import Committer, is_transient
-from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import (
     NOT_FOUND,
-    LaunchedProcess,
     group_alive,
     launch,
     read_exec_failure,
     signal_group,
 )
 from httk_flow.manager.log import ManagerLog
+from httk_flow.manager.running import (
+    KILL_SETTLE,
+    PENDING_DELAY_CAP,
+    PENDING_PERMANENT_TRIES,
+    Finished,
+    LocalAttempt,
+    Pending,
+)
+from httk_flow.manager.slots import Binding, Slots
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence
 from httk_flow.protocol.jobs import fail
@@ -33,61 +39,6 @@ from httk_flow.protocol.workspace import Workspace
 
 #: attempts of a program that did not use its staging directory between two that try again
 STAGING_RETRY = 32
-
-
-@dataclass
-class LocalAttempt:
-    job: JobHandle
-    spec: JobSpec
-    body: Body  # of its running frame
-    plan: AttemptPlan
-    proc: LaunchedProcess
-    started: float
-    #: this host's monotonic clock when the gate opened: the limit and elapsed time count
-    #: from it (a taker's new attempt starts its own)
-    opened: float = 0.0
-    #: seconds it may run (JobSpec.time_limit_after the snapshot's count), None: no limit
-    limit: float | None = None
-    term_at: float | None = None  # when we sent TERM (drain, cancel or time limit)
-    interrupted: bool = False  # stopped by our drain: not charged to the job
-    timed_out: bool = False  # stopped by us at its time limit: a charged failure
-
-
-@dataclass
-class Pending:
-    """An attempt whose commit (or, before launch, whose claim's release) failed for a
-    reason that may pass (a full disk): retried with backoff, reported once."""
-
-    la: LocalAttempt | None
-    claimed: JobHandle
-    spec: JobSpec
-    body: Body  # of the claimed frame (a claim to release) or of the running frame
-    ending: Ending | None  # None: a claim to give back, not a commit
-    code: int | None = None
-    sig: int | None = None
-    next_at: float = 0.0
-    delay: float = 0.5
-    tries: int = 0
-
-
-#: how long a cancellation's evidence waits for a KILLed process group to be gone
-KILL_SETTLE = 2.0
-#: backoff of a retried commit: doubling from half a second up to this
-PENDING_DELAY_CAP = 30.0
-#: a commit failing for a reason not known to pass is given up after this many tries
-PENDING_PERMANENT_TRIES = 5
-
-
-@dataclass(frozen=True)
-class Finished:
-    """An attempt that ended here, and where its job went (None: not committed by us)."""
-
-    spec: JobSpec
-    handle: JobHandle | None
-
-    @property
-    def state(self) -> State | None:
-        return self.handle.state if self.handle else None
 
 
 class LocalAttempts:
@@ -101,6 +52,7 @@ class LocalAttempts:
         kill_grace: float,
         clock: Callable[[], float] = time.time,
         on_start: Callable[[LocalAttempt], None] | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self.ws = ws
         self.actor = actor
@@ -109,6 +61,8 @@ class LocalAttempts:
         self.kill_grace = kill_grace
         self.clock = clock
         self.on_start = on_start
+        #: the inventory attempts' bindings come from and go back to
+        self.slots = slots
         self.by_key: dict[str, LocalAttempt] = {}
         #: programs whose last attempt left its staging directory unused (no bash API
         #: outcome): their attempts skip making one, but for a fresh try now and then
@@ -128,8 +82,24 @@ class LocalAttempts:
         spec: JobSpec,
         claim_body: Body,
         extra_context: dict[str, object] | None = None,
+        binding: Binding | None = None,
     ) -> JobHandle | None:
-        """claimed -> running behind a closed gate; opens the gate once the marker says so."""
+        """claimed -> running behind a closed gate; opens the gate once the marker says so.
+
+        `binding`: the resources the claim pass took for it; given back however this ends."""
+        got = self._start(claimed, spec, claim_body, extra_context, binding)
+        if got is None and binding is not None and self.slots is not None:
+            self.slots.give(binding)
+        return got
+
+    def _start(
+        self,
+        claimed: JobHandle,
+        spec: JobSpec,
+        claim_body: Body,
+        extra_context: dict[str, object] | None,
+        binding: Binding | None,
+    ) -> JobHandle | None:
         number = claim_body.snap.tries
         program = spec.program.digest or spec.program.command or ""
         skipped = self._unstaged.get(program, -1)
@@ -145,6 +115,8 @@ class LocalAttempts:
                 extra_context=extra_context,
                 staging=staging,
             )
+            if binding is not None and self.slots is not None:
+                plan.env.update(binding.env(bool(self.slots.inventory.gpus), plan.env))
             proc = launch(
                 plan.argv,
                 cwd=plan.workdir,
@@ -170,6 +142,9 @@ class LocalAttempts:
                 self._hold(Pending(None, claimed, spec, claim_body, None))
             return None
         crash_point("launch.after_spawn")
+        if binding is not None and self.slots is not None:
+            # behind the gate: pinned, and its devices named as its group's, before it runs
+            self.slots.attach(binding, proc.pid)
         assert claim_body.attempt is not None  # a claim names its attempt
         # the limit comes from the journal (how many attempts of this activation reached
         # theirs), never from memory: a manager that takes the job over computes the same
@@ -195,7 +170,15 @@ class LocalAttempts:
         crash_point("launch.after_running")
         proc.open_gate()
         la = LocalAttempt(
-            running, spec, body, plan, proc, self.clock(), opened=time.monotonic(), limit=limit
+            running,
+            spec,
+            body,
+            plan,
+            proc,
+            self.clock(),
+            opened=time.monotonic(),
+            limit=limit,
+            binding=binding,
         )
         self.by_key[running.key] = la
         if self.on_start:
@@ -219,6 +202,8 @@ class LocalAttempts:
                 continue
             del self.by_key[key]
             la.proc.close()
+            if la.binding is not None and self.slots is not None:
+                self.slots.give(la.binding)
             done.append(Finished(la.spec, self._settle(la, rc)))
         return done
 

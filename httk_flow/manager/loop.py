@@ -14,16 +14,19 @@ from dataclasses import dataclass
 from types import FrameType
 
 from httk_flow.errors import FlowError, UsageError
+from httk_flow.manager.claim import ClaimPass
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.inbox import RequestInbox
+from httk_flow.manager.inventory import detect
 from httk_flow.manager.joins import JoinPass
 from httk_flow.manager.launcher import proc_start_time
 from httk_flow.manager.leftover import EXIT_WORK_LEFT, Leftover, leftover
 from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
-from httk_flow.manager.passes import ClaimPass, PassContext, RecoveryPass, RegisterPass
+from httk_flow.manager.passes import PassContext, RecoveryPass, RegisterPass
+from httk_flow.manager.slots import Slots
 from httk_flow.protocol import layout
 from httk_flow.protocol.children import child_states
 from httk_flow.protocol.discovery import any_marker, walk_all
@@ -105,10 +108,26 @@ class Manager:
             fs_clock=self.fs_clock,
             log=self.log,
         )
+        inventory = config.inventory or detect(cpus=max(1, config.workers))
+        self.slots = Slots(inventory, bind_cpus=config.bind_cpus)
         self.local = LocalAttempts(
-            ws, self.id, self.log, self.committer, kill_grace=config.kill_grace, clock=self.clock
+            ws,
+            self.id,
+            self.log,
+            self.committer,
+            kill_grace=config.kill_grace,
+            clock=self.clock,
+            slots=self.slots,
         )
-        self.claim = ClaimPass(ctx, config.pools, config.capabilities, ends_at, config.order)
+        self.claim = ClaimPass(
+            ctx,
+            config.pools,
+            config.capabilities,
+            ends_at,
+            config.order,
+            slots=self.slots,
+            reserve_after=config.reserve_after,
+        )
         self.register = RegisterPass(ctx, on_ready=self.claim.offer)
         # a join this manager releases is a continuation it keeps, as its own commits are
         self.joins = JoinPass(ctx, on_ready=self.claim.offer_own)
@@ -221,13 +240,14 @@ class Manager:
         actions += self.inbox.sweep(self._mine)
         started = 0
         free = self.config.workers - len(self.local)
-        if free > 0 and not self.draining and not self.locked():
+        # every job holds at least one CPU: none free, nothing to look for
+        if free > 0 and self.slots.free_cpus and not self.draining and not self.locked():
             for c in self.claim.take(free, budget):
                 if self.draining:
                     self.claim.release(c)
                     continue
                 extra = self._join_context(c.ready_frame)
-                if self.local.start(c.handle, c.spec, c.body, extra) is not None:
+                if self.local.start(c.handle, c.spec, c.body, extra, c.binding) is not None:
                     started += 1
                     self.attempts_started += 1
                     if self.draining:

@@ -6,7 +6,6 @@ whatever the size of the workspace; a broken job is reported once and skipped.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -14,18 +13,15 @@ from dataclasses import dataclass, field
 
 from httk_flow.errors import FlowError, TransitionConflict
 from httk_flow.manager.attempts import attempt_dir
-from httk_flow.manager.commit import Committer, is_transient
+from httk_flow.manager.commit import Committer
 from httk_flow.manager.decide import Ending
 from httk_flow.manager.launcher import group_alive, process_alive, signal_group
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
-from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.discovery import MarkerStream
-from httk_flow.protocol.frames import AttemptRecord, Body, Evidence, Frame, Killed
-from httk_flow.protocol.jobs import fail, load_spec, register
+from httk_flow.protocol.frames import Evidence, Killed
+from httk_flow.protocol.jobs import load_spec, register
 from httk_flow.protocol.jobspec import JobSpec
-from httk_flow.protocol.names import attempt_name
-from httk_flow.protocol.services import ServiceRegistry
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, transition
 from httk_flow.protocol.workspace import Workspace
@@ -98,212 +94,6 @@ class RegisterPass:
                 self.on_ready(new)
             n += 1
         return n
-
-
-@dataclass(order=True)
-class _Candidate:
-    sort: tuple[int, int, int]
-    handle: JobHandle = field(compare=False)
-
-
-@dataclass(frozen=True)
-class Claimed:
-    handle: JobHandle
-    spec: JobSpec
-    body: Body  # of the claimed frame
-    ready_frame: Frame
-
-
-#: the generation of a marker that just became ready for the first time (submitted is 0)
-FIRST_READY = 1
-#: ranks of a candidate among jobs of one priority, depth-first (lower is claimed first):
-#: a job this manager's own commit or join release just made ready, one that was ready
-#: before (it advanced, was retried or interrupted, or its join released elsewhere), new
-OWN, AGAIN, NEW = 0, 1, 2
-#: seconds before a job found too long for this manager's end is looked at again
-TOO_LONG_RECHECK = 60.0
-
-
-class ClaimPass:
-    """ready -> claimed for jobs this manager may serve, best priority first.
-
-    Within one priority the order is depth-first by default: work already under way
-    (continuations) before new work, and of that, what this manager's own commits moved
-    on first (its node-local files and caches are warm); `order="breadth"` takes jobs of
-    one priority in the order they came."""
-
-    def __init__(
-        self,
-        ctx: PassContext,
-        pools: tuple[str, ...],
-        caps: tuple[str, ...],
-        ends_at: float | None,
-        order: str = "depth",
-    ) -> None:
-        self.ctx = ctx
-        self.stream = ctx.stream(State.READY)
-        self.pools, self.caps = pools, caps
-        self.ends_at = ends_at
-        self.depth_first = order != "breadth"
-        self.registry = ServiceRegistry(ctx.ws)
-        self._heap: list[_Candidate] = []
-        # in backoff, by not-before: (not_before, seq, rank, handle)
-        self._later: list[tuple[int, int, int, JobHandle]] = []
-        self._queued: set[tuple[str, int]] = set()
-        self._seq = 0
-        #: job key -> (when to look again, the time it declared): too long for our end
-        self._too_long: dict[str, tuple[float, float]] = {}
-        #: ready jobs this manager reported it cannot claim (damaged): not pending work
-        self.unclaimable: set[str] = set()
-
-    def serves(self, h: JobHandle) -> bool:
-        sc = self.registry.get(h.marker.service)
-        if sc is None:
-            self.ctx.report_once(h.key, f"unknown service class {h.marker.service!r}")
-            return False
-        return sc.served_by(self.pools, self.caps)
-
-    def _rank(self, h: JobHandle, own: bool) -> int:
-        if not self.depth_first:
-            return NEW
-        if own:
-            return OWN
-        return AGAIN if h.marker.generation > FIRST_READY else NEW
-
-    def offer(self, h: JobHandle, own: bool = False) -> None:
-        """A ready job: queued as a candidate (once per marker generation). `own`: this
-        manager's own commit or join release made it ready (claimed first, depth-first)."""
-        ident = (h.key, h.marker.generation)
-        if ident in self._queued or not self.serves(h):
-            return
-        self._queued.add(ident)
-        self._seq += 1
-        rank = self._rank(h, own)
-        if h.marker.not_before > self.ctx.clock():
-            heapq.heappush(self._later, (h.marker.not_before, self._seq, rank, h))
-        else:
-            heapq.heappush(self._heap, _Candidate((-h.marker.priority, rank, self._seq), h))
-
-    def offer_own(self, h: JobHandle) -> None:
-        self.offer(h, own=True)
-
-    def refill(self, budget: int) -> None:
-        for h in self.stream.next_batch(budget, self.ctx.heartbeat):
-            self.offer(h)
-
-    def _pop(self) -> JobHandle:
-        h = heapq.heappop(self._heap).handle
-        self._queued.discard((h.key, h.marker.generation))
-        return h
-
-    def take(self, n: int, budget: int) -> list[Claimed]:
-        """Claim up to n jobs; scans at most a few budgets' worth of entries."""
-        out: list[Claimed] = []
-        now = self.ctx.clock()
-        while self._later and self._later[0][0] <= now:
-            _, seq, rank, h = heapq.heappop(self._later)
-            heapq.heappush(self._heap, _Candidate((-h.marker.priority, rank, seq), h))
-        scans = 0
-        while len(out) < n:
-            if not self._heap:
-                if scans >= 2:
-                    break
-                self.refill(budget)
-                scans += 1
-                continue
-            got = self._claim(self._pop(), now)
-            if got is not None:
-                out.append(got)
-        return out
-
-    def too_long_for_us(self, key: str) -> bool:
-        """A job whose declared time does not fit before this manager's end: not ours."""
-        return key in self._too_long
-
-    def need_of(self, key: str) -> float | None:
-        """The time a job too long for us declared (None: not known to be too long)."""
-        seen = self._too_long.get(key)
-        return seen[1] if seen is not None else None
-
-    def unfit(self) -> tuple[int, float | None]:
-        """How many ready jobs were too long for our end, and the longest time declared.
-
-        A job still ready is looked at again every TOO_LONG_RECHECK seconds; one not
-        looked at again for longer has moved on (claimed elsewhere, cancelled)."""
-        stale = self.ctx.clock() - TOO_LONG_RECHECK
-        for key in [k for k, (again, _) in self._too_long.items() if again < stale]:
-            del self._too_long[key]
-        if not self._too_long:
-            return 0, None
-        return len(self._too_long), max(need for _, need in self._too_long.values())
-
-    def forget_unfit(self, keep: set[str]) -> None:
-        """Keep only these keys among the jobs found too long (the others moved on)."""
-        for key in [k for k in self._too_long if k not in keep]:
-            del self._too_long[key]
-
-    @property
-    def backlog(self) -> int:
-        """Candidates known but not yet claimable (in backoff)."""
-        return len(self._later)
-
-    def _claim(self, h: JobHandle, now: float) -> Claimed | None:
-        ctx = self.ctx
-        if self.ends_at is not None and self._too_long.get(h.key, (0.0, 0.0))[0] > now:
-            return None
-        try:
-            frame = ctx.ws.reader.frame(h.marker.ref)
-            spec = ctx.specs.pop(h.key, None) or load_spec(ctx.ws, h.placement, h.key)
-        except FileNotFoundError:
-            return None  # claimed by someone else meanwhile, or gone
-        except FlowError as e:
-            try:
-                fail(ctx.ws, h, None, "protocol_error", e.render(), actor=ctx.actor)
-            except FlowError:
-                ctx.report_once(h.key, e.render())
-            return None
-        # the request grows with the time limit after each attempt the limit stopped
-        need = spec.time_request_after(frame.snap.timeouts)
-        if self.ends_at is not None and need is not None and now + need > self.ends_at:
-            if len(self._too_long) > 100_000:
-                self._too_long.clear()
-            self._too_long[h.key] = (now + TOO_LONG_RECHECK, need)
-            return None
-        self._too_long.pop(h.key, None)
-        snap = frame.snap
-        n = snap.tries + 1
-        attempt = AttemptRecord(
-            n=n,
-            id=attempt_name(n),
-            manager=ctx.actor,
-            host=ctx.ws.host,
-            step=snap.step or spec.step,
-        )
-        body = frame.body.carry(
-            snap=snap.but(try_=snap.try_ + 1, tries=n), attempt=attempt, why="claimed"
-        )
-        try:
-            claimed = transition(ctx.ws, h, State.CLAIMED, body, actor=ctx.actor, note="")
-        except TransitionConflict:
-            return None
-        except FileNotFoundError:
-            return None
-        except FlowError as e:
-            ctx.report_once(h.key, f"cannot claim: {e.render()}")
-            if not is_transient(e):
-                self.unclaimable.add(h.key)  # a full disk passes; a damaged job does not
-            return None
-        crash_point("claim.after_claim")
-        return Claimed(claimed, spec, body, frame)
-
-    def release(self, c: Claimed) -> None:
-        """Give a claim back (drain started between claim and launch)."""
-        snap = c.body.snap
-        body = c.body.carry(snap=snap.but(try_=max(0, snap.try_ - 1)), why="released")
-        try:
-            transition(self.ctx.ws, c.handle, State.READY, body, actor=self.ctx.actor)
-        except FlowError:
-            pass
 
 
 #: seconds between two sweeps for abandoned work when every known manager looks alive

@@ -11,14 +11,18 @@ import orjson
 
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.resources import Request
 from httk_flow.protocol.submit import SubmitRequest
 
 #: members a line of a --from file may carry (CLI.md), plus a few of ours
 LINE_KEYS = frozenset(
     "name tag step params priority placement pool requires time retries args "
-    "program inputs workdir require_outcome time_limit time_limit_factor max_attempts".split()
+    "program inputs workdir require_outcome time_limit time_limit_factor max_attempts "
+    "cpus gpus mem resources".split()
 )
 MAX_ARRAY = 10_000_000
+#: a line's resource request, each key over the command line's
+RESOURCE_KEYS = frozenset(("cpus", "gpus", "mem", "resources"))
 
 
 #: one item of an --array list: an index, or a range with an optional step
@@ -136,7 +140,11 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
         )
     req = dataclasses.replace(base, params=dict(base.params), origin=obj)
     try:
+        if RESOURCE_KEYS & data.keys():
+            req.resources = _resources(data, base.resources, obj)
         for k, v in data.items():
+            if k in RESOURCE_KEYS:
+                continue
             if k in ("time", "time_limit"):
                 if isinstance(v, str):
                     setattr(req, k, parse_duration(v, k))
@@ -175,3 +183,26 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
     except FlowError as e:
         raise UsageError(e.render(), obj=obj) from None
     return req
+
+
+def _resources(data: dict[str, Any], base: Request, obj: str) -> Request:
+    """A line's cpus, gpus, mem (4G, or megabytes) and resources ({"licence": 1}), each
+    over the command line's own."""
+    for k in ("cpus", "gpus"):
+        if k in data and (not isinstance(data[k], int) or isinstance(data[k], bool)):
+            raise UsageError("must be a whole number", obj=k)
+    custom = data.get("resources")
+    if custom is not None and not isinstance(custom, dict):
+        raise UsageError('must be an object such as {"licence": 1}', obj="resources")
+    got = Request.build(
+        cpus=data.get("cpus", base.cpus),
+        gpus=data.get("gpus", base.gpus),
+        mem=data.get("mem"),
+        custom=custom,
+        obj=obj,
+    )
+    return dataclasses.replace(
+        got,
+        mem=got.mem if "mem" in data else base.mem,
+        custom=got.custom if custom is not None else base.custom,
+    )

@@ -10,6 +10,7 @@ import orjson
 
 from httk_flow.errors import FlowError, InvalidJob
 from httk_flow.protocol import names
+from httk_flow.protocol.resources import DEFAULT_REQUEST, Request
 
 JOB_FORMAT = "httk-flow/job/1"
 #: job.json larger than this is refused: a definition, not a data file
@@ -80,6 +81,8 @@ class JobSpec:
     #: what the limit and the time request are multiplied by after each attempt of the
     #: activation that was stopped at its limit
     time_limit_factor: float = 1.0
+    #: what each attempt holds while it runs (CPUs, GPUs, memory, site resources)
+    resources: Request = DEFAULT_REQUEST
     extra: dict[str, Any] = field(default_factory=dict)
 
     def time_limit_after(self, timeouts: int) -> float | None:
@@ -126,6 +129,8 @@ class JobSpec:
         )
         if self.time_limit is not None:
             d.update(time_limit=self.time_limit, time_limit_factor=self.time_limit_factor)
+        if not self.resources.is_default:
+            d["resources"] = self.resources.to_json()
         return d
 
     def to_json(self) -> bytes:
@@ -180,7 +185,7 @@ _KNOWN = frozenset(
     (
         "format id key tag name program args step params priority placement pool requires "
         "time retries max_attempts workdir require_outcome parent array_index created "
-        "time_limit time_limit_factor"
+        "time_limit time_limit_factor resources"
     ).split()
 )
 
@@ -319,5 +324,6 @@ def _parse(data: object) -> JobSpec:
         created=float(_get(data, "created", (int, float), 0.0)),
         time_limit=float(time_limit) if time_limit is not None else None,
         time_limit_factor=float(factor),
+        resources=Request.from_json(data.get("resources"), "resources"),
         extra={k: v for k, v in data.items() if k not in _KNOWN},
     )

@@ -63,6 +63,24 @@ def env_param(name: str) -> str:
     return ENV_PARAM_PREFIX + name
 
 
+#: the attempt's own resources (docs/bash-api.md, "Resources"): how many CPUs, their ids,
+#: its GPU ids, its memory in megabytes (when the job stated one)
+ENV_CPUS = "FLOW_CPUS"
+ENV_CPU_LIST = "FLOW_CPU_LIST"
+ENV_GPUS = "FLOW_GPUS"
+ENV_MEM = "FLOW_MEM"
+#: FLOW_RESOURCE_<NAME>: how many units of a site-defined resource the attempt holds
+ENV_RESOURCE_PREFIX = "FLOW_RESOURCE_"
+#: a node-local directory for the ledger of held GPUs and pinned CPUs (manager/devices.py)
+ENV_DEVICE_LEDGER = "FLOW_DEVICE_LEDGER_DIR"
+
+
+def env_resource(name: str) -> str:
+    """The variable that carries the attempt's units of resource `name` (upper case,
+    `-` as `_`, so a shell can name it)."""
+    return ENV_RESOURCE_PREFIX + name.upper().replace("-", "_")
+
+
 # -- the workspace's .flow/ directory --------------------------------------------------
 
 FLOW_DIR = ".flow"

@@ -36,6 +36,7 @@ from httk_flow.protocol.jobspec import (
 )
 from httk_flow.protocol.names import BIRTH_PREFIX, Marker
 from httk_flow.protocol.programs import ProgramStore
+from httk_flow.protocol.resources import DEFAULT_REQUEST, Request
 from httk_flow.protocol.services import ServiceClass, ServiceRegistry
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
@@ -58,6 +59,8 @@ class SubmitRequest:
     placement: str | None = None
     pool: str | None = None
     requires: list[str] = field(default_factory=list)
+    #: what each attempt holds while it runs (checked when built: Request.build)
+    resources: Request = DEFAULT_REQUEST
     time: float | None = None
     #: seconds an attempt may run before it is stopped (None: no limit)
     time_limit: float | None = None
@@ -153,6 +156,7 @@ class Submitter:
             created=round(time.time(), 3),
             time_limit=req.time_limit,
             time_limit_factor=float(req.time_limit_factor),
+            resources=req.resources,
         )
         try:
             raw = spec.to_json()
@@ -230,7 +234,9 @@ class Submitter:
             for spec, tmp in staged:
                 born = None
                 if tmp is not None:
-                    service = self.services.publish(ServiceClass(spec.pool, spec.requires))
+                    service = self.services.publish(
+                        ServiceClass(spec.pool, spec.requires, spec.resources)
+                    )
                     marker = Marker(spec.key, spec.priority, 0, next(refs), service=service)
                     born = BIRTH_PREFIX + marker.name
                     write_file(os.path.join(tmp, born), b"", durable=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 from httk_flow.cli.main import cli
 from httk_flow.errors import UsageError
 from httk_flow.manager.config import ALLOCATION_END_ENV, ManagerConfig
+from httk_flow.protocol.resources import Grant
 
 
 def test_flags_as_written_become_the_managers_configuration() -> None:
@@ -26,7 +28,9 @@ def test_flags_as_written_become_the_managers_configuration() -> None:
         kill_grace="1s",
         environ={},
     )
-    assert cfg == ManagerConfig(
+    # the inventory is the machine's: compared on its own in tests/test_resources.py
+    assert cfg.inventory is not None and cfg.inventory.cpus >= 1
+    assert dataclasses.replace(cfg, inventory=None) == ManagerConfig(
         workers=3,
         pools=("gpu",),
         capabilities=("big",),
@@ -38,7 +42,13 @@ def test_flags_as_written_become_the_managers_configuration() -> None:
         drain_timeout=5.0,
         kill_grace=1.0,
     )
-    assert ManagerConfig.resolve(exit_when_idle=None, environ={}).workers == (os.cpu_count() or 1)
+    # the default follows the CPUs this process may run on, not the machine's count
+    usable = len(os.sched_getaffinity(0))
+    assert ManagerConfig.resolve(exit_when_idle=None, environ={}).workers == usable
+    granted = ManagerConfig.resolve(
+        exit_when_idle=None, environ={}, grant=lambda _env: Grant(cpus=1)
+    )
+    assert granted.workers == 1
 
 
 def test_the_work_ends_by_the_earliest_end_anyone_names() -> None:

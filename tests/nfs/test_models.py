@@ -16,9 +16,10 @@ import pytest
 from helpers import serve_in_process
 
 from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.manager.claim import ClaimPass
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.loop import Manager
-from httk_flow.manager.passes import ClaimPass, PassContext
+from httk_flow.manager.passes import PassContext
 from httk_flow.protocol import jobs
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import Body

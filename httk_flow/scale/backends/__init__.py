@@ -7,10 +7,15 @@ that define BACKEND; they are found by listing the package, not by name.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+from collections.abc import Mapping
 from functools import cache
+from types import ModuleType
+from typing import cast
 
 from httk_flow.errors import UsageError
+from httk_flow.protocol.resources import NO_GRANT, Grant
 from httk_flow.scale.backends.base import AllocationBackend, BackendCommand
 
 
@@ -67,6 +72,27 @@ def current_allocation() -> tuple[float, float] | None:
         if end is not None:
             return end, backend.signal_margin
     return None
+
+
+def current_grant(environ: Mapping[str, str] | None = None) -> Grant:
+    """What the batch system this process runs in granted it on this node (CPUs, memory,
+    GPUs), as the first backend that knows says; NO_GRANT outside one."""
+    env = os.environ if environ is None else environ
+    for mod in _modules():
+        read = getattr(mod, "GRANT", None)
+        found = read(env) if read is not None else None
+        if found is not None:
+            return cast(Grant, found)
+    return NO_GRANT
+
+
+def _modules() -> list[ModuleType]:
+    """The backend modules and packages of this package (not base)."""
+    return [
+        importlib.import_module(f"{__name__}.{info.name}")
+        for info in pkgutil.iter_modules(__path__)
+        if info.name != "base"
+    ]
 
 
 def current_allocation_end() -> float | None:

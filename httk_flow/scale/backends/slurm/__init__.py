@@ -9,6 +9,7 @@ submission by its token, and ends a manager with `scancel -b -s TERM` so it drai
 from __future__ import annotations
 
 from httk_flow.scale.backends.slurm.backend import SlurmBackend
+from httk_flow.scale.backends.slurm.grant import grant_from
 from httk_flow.scale.backends.slurm.single import SBATCH
 
 BACKEND = SlurmBackend()
@@ -16,5 +17,7 @@ BACKEND = SlurmBackend()
 COMMANDS = [SBATCH]
 #: option names `flow scale` accepts for this backend's submission arguments
 SUBMIT_ARG_FLAGS = ["--sbatch-arg"]
+#: what Slurm granted the job this process runs in, on this node (from its environment)
+GRANT = grant_from
 
-__all__ = ["BACKEND", "COMMANDS", "SUBMIT_ARG_FLAGS", "SlurmBackend"]
+__all__ = ["BACKEND", "COMMANDS", "GRANT", "SUBMIT_ARG_FLAGS", "SlurmBackend"]
