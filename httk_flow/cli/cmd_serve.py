@@ -82,7 +82,10 @@ def _options(f: Any) -> Any:
 def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
     """The manager's configuration from the flags as given; the package resolves it."""
     return ManagerConfig.resolve(
-        exit_when_idle=exit_when_idle, allocation=backends.current_allocation, **flags
+        exit_when_idle=exit_when_idle,
+        allocation=backends.current_allocation,
+        batch_job=backends.current_job,
+        **flags,
     )
 
 
