@@ -4,6 +4,7 @@ single allocation by hand), built here from their descriptions."""
 from __future__ import annotations
 
 import datetime as dt
+import signal
 
 import click
 
@@ -158,6 +159,10 @@ def scale(
         rec.run(interval=parse_duration(interval, "--interval"), once=once, on_tick=show)
     except KeyboardInterrupt:
         pass
+    if rec.stopped_by is not None:
+        name = signal.Signals(rec.stopped_by).name
+        app.echo(f"flow scale: stopped by {name}; the reconciler lease is released", err=True)
+        raise SystemExit(128 + rec.stopped_by)  # as the shell reports a death by it
 
 
 @click.command("allocations")

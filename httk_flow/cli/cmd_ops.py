@@ -108,7 +108,10 @@ def lock(app: App, /, reason: str, as_json: bool) -> None:
     if as_json:
         app.json({"lock": _lock_doc(held)})
         return
-    app.echo(f"maintenance lock taken ({held.describe()}); release it with `flow unlock`")
+    # described as of the moment it was taken: the age is 0.0s, however slow the write
+    app.echo(
+        f"maintenance lock taken ({held.describe(now=held.since)}); release it with `flow unlock`"
+    )
 
 
 @click.command("unlock")

@@ -138,6 +138,7 @@ def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
         exit_when_idle=exit_when_idle,
         allocation=backends.current_allocation,
         grant=backends.current_grant,
+        batch_job=backends.current_job,
         **flags,
     )
 

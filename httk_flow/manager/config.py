@@ -74,11 +74,31 @@ class ManagerConfig:
     bind_cpus: bool = False
     #: seconds a job too large for what is free lets smaller ones past (claim.py)
     reserve_after: float = RESERVE_AFTER
+    #: the batch job this manager runs in, as the batch system's backend names it
+    #: (e.g. its job id); "" outside one
+    batch_job: str = ""
+    #: the line the batch system writes into that job's output when it signals it
+    batch_notice: str = ""
 
     def __post_init__(self) -> None:
         # every way of building a manager meets the floor, not only the command line
         if self.lease is not None:
             check_lease(self.lease)
+
+    def drain_note(self, signame: str) -> str | None:
+        """What a manager logs when a signal starts its drain inside a batch job.
+
+        The batch system writes its own line into the job's output as it signals (a
+        cancel, to the eye); this one stands beside it and says what it was."""
+        if not self.batch_job or signame != "SIGTERM":
+            return None
+        seen = f"a '{self.batch_notice}' line" if self.batch_notice else "a cancel line"
+        return (
+            f"drain: {signame} in {self.batch_job}, the batch system's drain (before the "
+            f"walltime, or a cancel); {seen} beside this in the job's output is that "
+            "signal, not a failure; running jobs are handed back (ready again, not charged "
+            "a failure)"
+        )
 
     @property
     def drains_at(self) -> float | None:
@@ -112,6 +132,7 @@ class ManagerConfig:
         grant: Callable[[Mapping[str, str]], Grant] = lambda _env: NO_GRANT,
         allocation_end: Callable[[], float | None] = lambda: None,
         allocation: Callable[[], tuple[float, float] | None] | None = None,
+        batch_job: Callable[[], tuple[str, str] | None] = lambda: None,
         environ: Mapping[str, str] = os.environ,
         now: float | None = None,
     ) -> ManagerConfig:
@@ -126,7 +147,9 @@ class ManagerConfig:
         answered is known to do, else 0). So the usable end, by which claimed
         work must end, is the earliest of `walltime` after `now` and the allocation's end
         less drain and margin; the manager drains by itself at the earliest of `walltime`
-        after `now` and the allocation's end less the drain."""
+        after `now` and the allocation's end less the drain. `batch_job()` names the
+        batch job this runs in and the line its batch system prints when it signals it
+        (None outside one): the drain's log line says what that line was."""
         idle = (
             parse_duration(exit_when_idle, "--exit-when-idle")
             if exit_when_idle is not None
@@ -199,4 +222,6 @@ class ManagerConfig:
             verbose=not quiet,
             drain_timeout=parse_duration(drain_timeout, "--drain-timeout"),
             kill_grace=parse_duration(kill_grace, "--kill-grace"),
+            batch_job=job[0] if (job := batch_job()) else "",
+            batch_notice=job[1] if job else "",
         )

@@ -314,6 +314,8 @@ class Manager:
         self._signals.append(now)
         if len(self._signals) == 1:
             self.begin_drain(f"signal {signal.Signals(signum).name}")
+            if note := self.config.drain_note(signal.Signals(signum).name):
+                self.log.info(note)  # beside the batch system's own line about the signal
         else:
             self._stop_now = True
 

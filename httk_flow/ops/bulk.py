@@ -40,12 +40,7 @@ def parse_array(spec: str) -> list[range]:
     obj = f"--array {spec!r}"
     text = spec.strip()
     if "%" in text:
-        raise UsageError(
-            "throttling with %N is not supported",
-            obj=obj,
-            hint="submit the jobs in parts (e.g. --array 1-50, later --array 51-100) "
-            "or list them in a file for --from",
-        )
+        raise UsageError("throttling with %N is not supported", obj=obj, hint=_throttle_hint(text))
     if not text:
         raise UsageError("is empty", obj=obj, hint=_ARRAY_FORMS)
     ranges: list[range] = []
@@ -79,6 +74,32 @@ def parse_array(spec: str) -> list[range]:
     if dup is not None:
         raise UsageError(f"gives index {dup} more than once", obj=obj, hint="list every index once")
     return ranges
+
+
+def _throttle_hint(text: str) -> str:
+    """The ways out of a `%N` throttle, in the numbers of the spec when it has them: the
+    jobs submitted without it (in parts, or from a file), and what caps how many run at
+    once here: a pool of their own, served by one manager with that many workers."""
+    body, _, limit = (t.strip() for t in text.partition("%"))
+    n = limit if limit.isdigit() and int(limit) > 0 else "N"
+    items = [i.strip() for i in body.split(",")]
+    valid = all(_ARRAY_ITEM.fullmatch(i) for i in items)
+    whole = ",".join(items) if valid else "1-100"
+    parts = "e.g. --array 1-50, later --array 51-100"
+    m = re.fullmatch(r"(\d+)-(\d+)", whole)
+    if m and int(m.group(2)) > int(m.group(1)):
+        start, end = int(m.group(1)), int(m.group(2))
+        mid = (start + end) // 2
+        parts = f"--array {start}-{mid}, later --array {mid + 1}-{end}"
+    elif valid and len(items) > 1:
+        half = (len(items) + 1) // 2
+        parts = f"--array {','.join(items[:half])}, later --array {','.join(items[half:])}"
+    return (
+        f"submit without it: in parts ({parts}) or one JSON line per job in a file for "
+        f"--from; to run at most {n} at once, give the jobs a pool of their own (flow submit "
+        f"--pool throttled --array {whole} ...) served by one manager with {n} workers "
+        f"(flow serve --pool throttled --workers {n})"
+    )
 
 
 def _first_duplicate(ranges: list[range]) -> int | None:

@@ -11,6 +11,7 @@ import orjson
 
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.protocol import layout
+from httk_flow.protocol.durations import format_duration
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.workspace import Workspace
 
@@ -29,9 +30,13 @@ class MaintenanceLock:
     def stale(self) -> bool:
         return time.time() - self.since > STALE_AFTER
 
-    def describe(self) -> str:
-        age = (time.time() - self.since) / 3600
-        text = f"by {self.user}@{self.host}, {age:.1f}h ago"
+    def describe(self, now: float | None = None) -> str:
+        """Who holds it, for how long (as of `now`; default: this moment), and why."""
+        if self.since > 0:
+            age = max(0.0, (time.time() if now is None else now) - self.since)
+            text = f"by {self.user}@{self.host}, {format_duration(age)} ago"
+        else:
+            text = f"by {self.user}@{self.host}, since an unknown time"
         if self.reason:
             text += f": {self.reason}"
         return text + (" — stale, check whether it is still needed" if self.stale else "")

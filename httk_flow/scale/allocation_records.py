@@ -12,6 +12,7 @@ import orjson
 
 from httk_flow.errors import FlowError
 from httk_flow.protocol import layout
+from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.workspace import Workspace
 
@@ -151,34 +152,144 @@ class AllocationStore:
             return 0.0  # never unpaused (or unreadable): every failure counts
 
 
-class ReconcilerLease:
-    """Only one reconciler acts on a workspace: a lease file renewed every tick."""
+#: a lease that records its holder's loop interval is stale when not renewed for three
+#: of those intervals and this much more (a pass may be slow: a backend that answers late)
+LEASE_MARGIN = 30.0
 
-    def __init__(self, ws: Workspace, owner: str, ttl: float) -> None:
+
+def lease_ttl(interval: float) -> float:
+    """How long a lease held by a reconciler looping every `interval` stays valid."""
+    return 3 * interval + LEASE_MARGIN
+
+
+def legacy_ttl(interval: float) -> float:
+    """The rule for a lease that records no interval: the reader's own (older releases)."""
+    return max(30.0, 3 * interval)
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """Who holds the reconciler lease, as its file says."""
+
+    owner: str | None
+    pid: int | None
+    host: str
+    #: when it first took the lease (None: not recorded)
+    since: float | None
+    #: when it last renewed the lease (the file's modification time)
+    renewed: float
+    #: its loop interval (None: not recorded, a lease of an older release)
+    interval: float | None
+    #: how long after `renewed` the lease is stale
+    ttl: float
+
+    @property
+    def stale_at(self) -> float:
+        return self.renewed + self.ttl
+
+    def describe(self, now: float) -> str:
+        """Who, since when, and when the lease would be taken for stale."""
+        who = f"pid {self.pid}" if self.pid is not None else "an unknown process"
+        if self.host:
+            who += f" on {self.host}"
+        if self.interval is not None:
+            who += f", looping every {compact_duration(self.interval)}"
+        if self.since is not None:
+            who += f" since {_when(self.since)}"
+        ago = compact_duration(max(0.0, now - self.renewed))
+        if self.interval is not None:
+            rule = f"3 × its interval + {compact_duration(LEASE_MARGIN)}"
+        else:
+            rule = "it records no interval: 3 × this command's --interval, at least 30s"
+        return (
+            f"{who}, last renewed {ago} ago; stale if not renewed by "
+            f"{_when(self.stale_at)} ({rule})"
+        )
+
+
+class ReconcilerLease:
+    """Only one reconciler acts on a workspace: a lease file renewed every pass.
+
+    The file records the holder's loop interval, so that any reader judges the holder by
+    the holder's cadence (`lease_ttl`), not by its own; a file without one (written by an
+    older release) is judged by the reader's interval, as before (`legacy_ttl`)."""
+
+    def __init__(self, ws: Workspace, owner: str, interval: float) -> None:
         self.path = layout.reconciler_lease(ws.root)
         self.owner = owner
-        self.ttl = ttl
+        self.interval = interval
+        self.host = ws.host
+        #: when this owner first took the lease
+        self.since: float | None = None
+        #: the holder found by the last acquire that was refused
+        self.holder: LeaseHolder | None = None
+
+    def _record(self, now: float) -> bytes:
+        return orjson.dumps(
+            {
+                "owner": self.owner,
+                "pid": os.getpid(),
+                "host": self.host,
+                "t": now,
+                "since": self.since if self.since is not None else now,
+                "interval": self.interval,
+            }
+        )
+
+    def read(self) -> LeaseHolder | None:
+        """The holder as the lease file says (None: no lease); an unreadable file is
+        a holder of nothing, stale at once."""
+        try:
+            raw = fs.read_bytes(self.path, 4096)
+            renewed = os.stat(self.path).st_mtime
+        except FileNotFoundError:
+            return None
+        except (OSError, FlowError):
+            return LeaseHolder(None, None, "", None, 0.0, None, 0.0)  # stale at once
+        try:
+            d = orjson.loads(raw)
+            owner = d.get("owner")
+            interval = _number(d.get("interval"))
+            pid = d.get("pid")
+            return LeaseHolder(
+                str(owner) if owner is not None else None,
+                int(pid) if isinstance(pid, int) else None,
+                str(d.get("host") or ""),
+                _number(d.get("since")),
+                renewed,
+                interval,
+                lease_ttl(interval) if interval is not None else legacy_ttl(self.interval),
+            )
+        except (orjson.JSONDecodeError, AttributeError):
+            # not a record: judged by its age alone, as a lease that records nothing
+            return LeaseHolder(None, None, "", None, renewed, None, legacy_ttl(self.interval))
 
     def acquire(self) -> bool:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        data = orjson.dumps({"owner": self.owner, "pid": os.getpid(), "t": time.time()})
+        now = time.time()
+        data = self._record(now)
         try:
+            # a reader that comes before the write sees no record: it judges the file by
+            # its age (read), so a lease being created is never taken for stale
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
+            self.since = self.since if self.since is not None else now
             return True
         except FileExistsError:
             pass
-        try:
-            raw = fs.read_bytes(self.path, 4096)
-            holder = orjson.loads(raw).get("owner")
-            age = time.time() - os.stat(self.path).st_mtime
-        except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
-            holder, age = None, self.ttl + 1
-        if holder == self.owner:
+        holder = self.read()
+        if holder is None:
+            return self.acquire()  # released meanwhile
+        if holder.owner == self.owner:
             atomic_write(self.path, data, durable=False)
             return True
-        if age <= self.ttl:
+        if time.time() <= holder.stale_at:
+            self.holder = holder
             return False
         # a stale lease: whoever renames it away first takes over
         stale = f"{self.path}.{self.owner}"
@@ -196,3 +307,10 @@ class ReconcilerLease:
                 os.unlink(self.path)
         except (OSError, FlowError, orjson.JSONDecodeError, AttributeError):
             pass
+
+
+def _number(v: object) -> float | None:
+    """A positive number from a record, or None."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+        return None
+    return float(v)

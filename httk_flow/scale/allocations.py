@@ -34,6 +34,7 @@ from httk_flow.scale.backends.base import (
     Phase,
 )
 from httk_flow.scale.sizing import Demand, ScaleSettings, Sizing, idle_why
+from httk_flow.scale.stopping import StopNow, StopSignals
 
 __all__ = [
     "AllocPhase",
@@ -93,6 +94,8 @@ class Reconciler:
         #: a test seam: called with "after_submit" between the backend's answer and the
         #: record that stores it, to model a crash there
         self.fault = fault
+        #: the signal that stopped `run` (None: it was not stopped by one)
+        self.stopped_by: int | None = None
 
     # -- desired -----------------------------------------------------------------
 
@@ -372,22 +375,37 @@ class Reconciler:
         once: bool,
         on_tick: Callable[[TickReport], None] | None = None,
         should_stop: Callable[[], bool] = lambda: False,
+        install_signals: bool = True,
     ) -> TickReport:
-        lease = ReconcilerLease(self.ws, self.owner, ttl=max(30.0, 3 * interval))
+        """Pass after pass (one with `once`) while holding the reconciler lease.
+
+        SIGTERM or SIGHUP ends the loop after the pass it is in (a second one, at once)
+        and releases the lease; `stopped_by` then names the signal."""
+        lease = ReconcilerLease(self.ws, self.owner, interval)
         report = TickReport()
-        try:
-            while True:
-                if not lease.acquire():
-                    raise UsageError(
-                        "another `flow scale` is reconciling this workspace",
-                        obj="flow scale",
-                        hint="stop it first, or wait",
-                    )
-                report = self.tick()
-                if on_tick:
-                    on_tick(report)
-                if once or should_stop():
-                    return report
-                time.sleep(interval)
-        finally:
-            lease.release()
+        with StopSignals(install_signals) as stop:
+            try:
+                while True:
+                    if not lease.acquire():
+                        holder = lease.holder
+                        raise UsageError(
+                            "another `flow scale` is reconciling this workspace"
+                            + (f": {holder.describe(time.time())}" if holder else ""),
+                            obj="flow scale",
+                            hint="stop it (on SIGTERM it ends its pass and releases the lease) "
+                            "or wait",
+                        )
+                    report = self.tick()
+                    if on_tick:
+                        on_tick(report)
+                    if once or should_stop() or stop.signum is not None:
+                        return report
+                    stop.wait(interval)
+                    if stop.signum is not None:
+                        return report
+            except StopNow:
+                return report  # a second signal: the pass ends where it was
+            finally:
+                stop.disarm()
+                lease.release()
+                self.stopped_by = stop.signum

@@ -212,9 +212,28 @@ def test_array_accepts_slurms_forms(
     ("spec", "message"),
     [
         (
-            "1-100%5",
-            "--array '1-100%5': throttling with %N is not supported; submit the jobs in "
-            "parts (e.g. --array 1-50, later --array 51-100) or list them in a file for --from",
+            "1-100%10",
+            "--array '1-100%10': throttling with %N is not supported; submit without it: in "
+            "parts (--array 1-50, later --array 51-100) or one JSON line per job in a file for "
+            "--from; to run at most 10 at once, give the jobs a pool of their own (flow submit "
+            "--pool throttled --array 1-100 ...) served by one manager with 10 workers "
+            "(flow serve --pool throttled --workers 10)",
+        ),
+        (
+            "1-3,7%2",
+            "--array '1-3,7%2': throttling with %N is not supported; submit without it: in "
+            "parts (--array 1-3, later --array 7) or one JSON line per job in a file for "
+            "--from; to run at most 2 at once, give the jobs a pool of their own (flow submit "
+            "--pool throttled --array 1-3,7 ...) served by one manager with 2 workers "
+            "(flow serve --pool throttled --workers 2)",
+        ),
+        (
+            "1-9:2%x",
+            "--array '1-9:2%x': throttling with %N is not supported; submit without it: in "
+            "parts (e.g. --array 1-50, later --array 51-100) or one JSON line per job in a "
+            "file for --from; to run at most N at once, give the jobs a pool of their own "
+            "(flow submit --pool throttled --array 1-9:2 ...) served by one manager with N "
+            "workers (flow serve --pool throttled --workers N)",
         ),
         ("", "--array '': is empty; write e.g. 1-100, 1-9:2, 1,3,5 or 1-3,7,10-20:5"),
         (
@@ -257,3 +276,35 @@ def test_array_refuses_bad_specs_naming_the_option(
     r = submit(runner, ws, "--array", spec, "/bin/true")
     assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"flow: error: {message}\n")
     assert not list(Path(ws).glob("jobs/*/*"))
+
+
+def test_the_throttle_advice_holds_a_pool_served_by_one_manager_runs_at_most_its_workers(
+    runner: CliRunner, ws: str, tmp_path: Path
+) -> None:
+    """What the `%N` refusal advises, done: managers without --pool leave the pool's jobs
+    alone, and one manager serving it with --workers 2 never runs more than 2 at once."""
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    program = tmp_path / "span.sh"
+    program.write_text(
+        f'#!/bin/sh\necho "$(date +%s.%N)" > {spans}/$FLOW_ARRAY_INDEX.start\n'
+        f'sleep 0.5\necho "$(date +%s.%N)" > {spans}/$FLOW_ARRAY_INDEX.end\n'
+    )
+    program.chmod(0o755)
+    assert submit(runner, ws, "--pool", "throttled", "--array", "1-6", str(program)).exit_code == 0
+    flow = [sys.executable, "-m", "httk_flow", "-w", ws, "run", "--quiet"]
+    run = subprocess.run([*flow, "--workers", "6"], capture_output=True, text=True, timeout=60)
+    assert not list(spans.iterdir()), run.stderr  # the default pool's manager ran none
+    run = subprocess.run(
+        [*flow, "--pool", "throttled", "--workers", "2"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    events = []
+    for i in range(1, 7):
+        events.append((float((spans / f"{i}.start").read_text()), 1))
+        events.append((float((spans / f"{i}.end").read_text()), -1))
+    running, most = 0, 0
+    for _, step in sorted(events):
+        running += step
+        most = max(most, running)
+    assert most == 2

@@ -6,19 +6,38 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import time
 from pathlib import Path
 
+import orjson
 from helpers import wait_for
 from manager.support import Managers, beats, log_of
+
+from httk_flow.protocol import layout
 
 from .support import Flow, holds_until, wait_state
 
 NO_MANAGER = "no live manager; start one with `flow serve` or `flow run`"
 
 
-def lock_reason(text: str, verb: str = "held") -> str:
+#: how long ago the lock of these tests was taken: its record is backdated so (see
+#: backdate_lock), and the age reads as every age of the CLI does (5h10m, 4m12s, 8.4s)
+TAKEN_AGO = 5 * 3600 + 10 * 60
+AGE = "5h10m"
+
+
+def lock_reason(text: str, verb: str = "held", age: str = AGE) -> str:
     who = f"{getpass.getuser()}@{socket.gethostname()}"
-    return f"maintenance lock {verb} (by {who}, 0.0h ago: {text}); release it with `flow unlock`"
+    return f"maintenance lock {verb} (by {who}, {age} ago: {text}); release it with `flow unlock`"
+
+
+def backdate_lock(flow: Flow, seconds: float = TAKEN_AGO) -> None:
+    """Make the held lock `seconds` old (its `since`), as one taken that long ago is;
+    its age then reads the same for the minute that follows."""
+    path = Path(layout.maintenance_file(flow.root))
+    doc = orjson.loads(path.read_bytes())
+    doc["since"] = time.time() - seconds
+    path.write_bytes(orjson.dumps(doc))
 
 
 def counts(flow: Flow) -> dict[str, int]:
@@ -28,7 +47,8 @@ def counts(flow: Flow) -> dict[str, int]:
 def test_while_the_lock_is_held_a_running_manager_launches_nothing(
     flow: Flow, managers: Managers
 ) -> None:
-    assert flow.ok("lock", "--reason", "upgrade") == lock_reason("upgrade", "taken") + "\n"
+    taken = flow.ok("lock", "--reason", "upgrade")
+    assert taken == lock_reason("upgrade", "taken", age="0.0s") + "\n"
     p = managers.start(flow.root, "--lease", "1s", command="serve", workers=2)
     for t in ("a", "b"):
         flow.submit("--tag", t, "true")
@@ -43,6 +63,7 @@ def test_while_the_lock_is_held_a_running_manager_launches_nothing(
         timeout=60,
     )
     assert p.poll() is None, log_of(p)
+    backdate_lock(flow)
     status = flow.json("status")
     assert status["blocked"] == [{"reason": lock_reason("upgrade"), "count": 2}]
     assert [m["alive"] for m in status["managers"]] == [True]
@@ -57,10 +78,33 @@ def test_while_the_lock_is_held_a_running_manager_launches_nothing(
     assert p.wait(10) == 0, log_of(p)
 
 
+def test_the_locks_age_reads_as_every_age_of_the_cli(flow: Flow) -> None:
+    """Minutes, hours, days (format_duration), in the refusal of a second lock; a lock
+    older than a day is also called stale."""
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    flow.ok("lock", "--reason", "swap")
+    for seconds, age in (
+        (252, "4m12s"),
+        (TAKEN_AGO, AGE),
+        (20 * 3600, "20h00m"),
+        (3 * 86400 + 120, "3d00h"),
+    ):
+        backdate_lock(flow, seconds)
+        stale = " — stale, check whether it is still needed" if seconds > 86400 else ""
+        r = flow("lock")
+        assert (r.exit_code, r.stdout, r.stderr) == (
+            2,
+            "",
+            f"flow: error: the maintenance lock: is already held (by {who}, {age} ago: swap"
+            f"{stale}); release it with `flow unlock` first\n",
+        )
+
+
 def test_status_plain_without_a_manager_names_every_blocker(flow: Flow, managers: Managers) -> None:
     flow.submit("--tag", "q", "true")
     assert managers.run(flow.root, "--pool", "nowhere") == 0  # registers it, serves nothing
     flow.ok("lock", "--reason", "disk swap")
+    backdate_lock(flow)
     assert flow.ok("status") == (
         f"workspace {flow.root}: 1 jobs\n"
         "STATE      JOBS\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from types import ModuleType
 from typing import cast
@@ -99,3 +99,15 @@ def current_allocation_end() -> float | None:
     """When the allocation this process runs in ends (unix time), if a backend can tell."""
     found = current_allocation()
     return found[0] if found is not None else None
+
+
+def current_job() -> tuple[str, str] | None:
+    """The batch job this process runs in, if a backend can tell without asking its
+    scheduler: its name for people, and the line the batch system writes into the job's
+    output when it signals the job (a backend that can say defines `current_job`)."""
+    for backend in available().values():
+        find: Callable[[], tuple[str, str] | None] | None = getattr(backend, "current_job", None)
+        found = find() if find is not None else None
+        if found is not None:
+            return found
+    return None

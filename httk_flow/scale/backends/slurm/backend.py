@@ -187,6 +187,15 @@ class SlurmBackend:
             out["controller"] = f"not answering: {e.render()}"
         return out
 
+    def current_job(self) -> tuple[str, str] | None:
+        """This process's Slurm job, from the environment alone, and the line slurmstepd
+        writes into the job's output whenever it sends the job TERM: at the `--signal`
+        drain, on `scancel` (`-b -s TERM` too) and at the time limit (`DUE TO TIME LIMIT`)."""
+        job_id = os.environ.get(JOB_ID_ENV, "")
+        if not is_job_id(job_id):
+            return None
+        return f"Slurm job {job_id}", f"*** JOB {job_id} ON <node> CANCELLED AT <time> ***"
+
     def allocation_end(self) -> float | None:
         job_id = os.environ.get(JOB_ID_ENV, "")
         if not is_job_id(job_id):
