@@ -187,6 +187,10 @@ class SlurmBackend:
             out["controller"] = f"not answering: {e.render()}"
         return out
 
+    def allocation_id(self) -> str | None:
+        job_id = os.environ.get(JOB_ID_ENV, "")
+        return job_id if is_job_id(job_id) else None
+
     def allocation_end(self) -> float | None:
         job_id = os.environ.get(JOB_ID_ENV, "")
         if not is_job_id(job_id):
