@@ -168,12 +168,12 @@ def workspace_status(
         elif not live:
             blocked.append(("no live manager; start one with `flow serve` or `flow run`", n))
         elif cap is None:
-            opts = " ".join(
-                [f"--pool {sc.pool}"] * bool(sc.pool) + [f"--capability {c}" for c in sc.requires]
+            serve = " ".join(
+                ["flow serve"]
+                + [f"--pool {sc.pool}"] * bool(sc.pool)
+                + [f"--capability {c}" for c in sc.requires]
             )
-            blocked.append(
-                (f"no live manager serves {sc.describe()}; start one with `flow serve {opts}`", n)
-            )
+            blocked.append((f"no live manager serves {sc.describe()}; start one with `{serve}`", n))
         elif too_long is not None:
             # no live manager that serves it has the time its declared run needs
             blocked.append((too_long.reason(), too_long.count))
