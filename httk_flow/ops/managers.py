@@ -111,14 +111,18 @@ class DeadHold:
     here: bool
     states: dict[State, int]
     recovers: Recovers
-    #: when its lease expires (unix time, this host's clock), for lease_expiry when its
-    #: heartbeat's age is known
-    recover_at: float | None
     #: None: it left no heartbeat
     liveness: Liveness | None
     #: its lease, and how long its heartbeat must be silent before others take over
     lease: float
     grace: float
+    #: for lease_expiry with a heartbeat: when its lease lets a manager take over
+    wait: LeaseWait | None = None
+
+    @property
+    def recover_at(self) -> float | None:
+        """The earliest takeover (unix time, this host's clock), when it is known."""
+        return self.wait.at if self.wait is not None else None
 
     @property
     def jobs(self) -> int:
@@ -162,28 +166,64 @@ class DeadHold:
                 f"the next manager recovers {it} once it has missed that heartbeat for "
                 f"{compact_duration(self.grace)}"
             )
-        elif self.recover_at is None:
+        elif self.wait is None or self.wait.expires is None:
             how = (
                 f"recovered once a running manager has seen its heartbeat unchanged for "
                 f"{compact_duration(self.grace)}"
             )
-        elif self.recover_at > now:
-            how = (
-                f"recovered once its lease expires in ~{compact_duration(self.recover_at - now)} "
-                f"(at {clock(self.recover_at, now)})"
-            )
         else:
-            how = (
-                f"its lease expired at {clock(self.recover_at, now)}: a manager recovers {it} "
-                f"once it has watched that heartbeat for {compact_duration(self.lease)}"
-            )
+            w, expires = self.wait, self.wait.expires
+            expired = f"its lease expired at {clock(expires, now)}"
+            if w.watched is not None and w.watched > now:
+                how = (
+                    f"recovered once its lease expires in ~{compact_duration(w.watched - now)} "
+                    f"(at {clock(w.watched, now)})"
+                )
+            elif w.watched is not None:
+                how = f"{expired}: a running manager recovers {it} now"
+            elif expires > now:
+                how = (
+                    f"recovered once its lease expires in ~{compact_duration(expires - now)} "
+                    f"(at {clock(expires, now)}) and a manager has watched that heartbeat for "
+                    f"{compact_duration(w.lease)}"
+                )
+            else:
+                how = (
+                    f"{expired}: a manager recovers {it} once it has watched that heartbeat "
+                    f"for {compact_duration(w.lease)}"
+                )
         return f"{jobs_phrase(self.states)} held by {who}; {how}"
 
 
-def expires_at(lv: Liveness, factor: float, now: float) -> float | None:
-    """When (this host's clock) a manager elsewhere is past its takeover grace by its
-    heartbeat's age, the one-shot rule's lease expiry; None when the age is not known."""
-    return now - lv.age + lv.info.grace_lease * factor if lv.age_known else None
+@dataclass(frozen=True)
+class LeaseWait:
+    """When a manager elsewhere is taken over on its lease by the one-shot rule: once the
+    lease has expired and the taker has watched its heartbeat for one lease."""
+
+    #: when its lease expires (this host's clock); None: its heartbeat's age is not known
+    expires: float | None
+    #: the earliest a manager running now can take over (it watches from its start);
+    #: None when none runs, or the age is not known
+    watched: float | None
+    lease: float
+    grace: float
+
+    @property
+    def at(self) -> float | None:
+        """The earliest takeover: by a running manager, else when the lease expires."""
+        return self.watched if self.watched is not None else self.expires
+
+
+def lease_wait(lv: Liveness, factor: float, now: float, live: list[Liveness]) -> LeaseWait:
+    """How long the work of `lv` (a manager elsewhere that is not alive) waits for its
+    lease, as `live` (the managers running now) would take it over."""
+    lease = lv.info.grace_lease
+    grace = lease * factor
+    expires = now - lv.age + grace if lv.age_known else None
+    watched = None
+    if expires is not None and live:
+        watched = max(expires, min(m.info.started for m in live) + lease)
+    return LeaseWait(expires, watched, lease, grace)
 
 
 def _persistent(ws: Workspace, h: JobHandle) -> bool:
@@ -197,6 +237,7 @@ def dead_holds(
     ws: Workspace, held: dict[str, Holding], by_id: dict[str, Liveness], now: float
 ) -> list[DeadHold]:
     """What the managers that are not alive hold, one entry per way it is recovered."""
+    live = [lv for lv in by_id.values() if lv.alive]
     factor = ws.policy.takeover_factor
     out: list[DeadHold] = []
     for mid, hold in sorted(held.items()):
@@ -207,7 +248,7 @@ def dead_holds(
         host = lv.info.host if lv is not None else hold.host
         states = dict(hold.states)
         base = DeadHold(
-            mid, host, host == ws.host, states, "lease_expiry", None, lv, lease, lease * factor
+            mid, host, host == ws.host, states, "lease_expiry", lv, lease, lease * factor
         )
         if lv is None:
             out.append(base)
@@ -222,7 +263,8 @@ def dead_holds(
                 out.append(replace(base, states={State.RUNNING: stuck}, recovers="its_host"))
             rest = {**states, State.RUNNING: states.get(State.RUNNING, 0) - stuck}
             if any(rest.values()):
-                out.append(replace(base, states=rest, recover_at=expires_at(lv, factor, now)))
+                wait = lease_wait(lv, factor, now, live)
+                out.append(replace(base, states=rest, wait=wait))
     return out
 
 
@@ -230,7 +272,7 @@ def allocation_of(
     info: ManagerInfo, by_token: dict[str, tuple[str, str]]
 ) -> tuple[str, str] | None:
     """The batch job a manager runs in, (backend, id): as its heartbeat says, else from
-    the record of the allocation `flow scale` or a submit command made for it."""
+    the record of the allocation `flow scale` submitted it in (by its token)."""
     if info.allocation_id is not None:
         return info.allocation_id
     return by_token.get(info.allocation) if info.allocation else None

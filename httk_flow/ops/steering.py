@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, TransitionConflict, UsageError
-from httk_flow.ops.managers import START_ONE, clock, expires_at, group_alive
+from httk_flow.ops.managers import START_ONE, clock, group_alive, lease_wait
 from httk_flow.protocol import names, requests
 from httk_flow.protocol.children import child_placement
 from httk_flow.protocol.crash import crash_point
@@ -64,8 +64,8 @@ class Owners:
         return self._read().get(manager)
 
     @property
-    def any_alive(self) -> bool:
-        return any(lv.alive for lv in self._read().values())
+    def live(self) -> list[Liveness]:
+        return [lv for lv in self._read().values() if lv.alive]
 
 
 def who_stops(ws: Workspace, att: AttemptRecord | None, owners: Owners) -> str:
@@ -74,14 +74,12 @@ def who_stops(ws: Workspace, att: AttemptRecord | None, owners: Owners) -> str:
     lv = owners.get(att.manager) if att is not None and att.manager else None
     if att is None or (lv is not None and lv.alive):
         return "its manager stops the process group"
-    grace = (lv.info.grace_lease if lv is not None else ws.policy.lease) * (
-        ws.policy.takeover_factor
-    )
     host = lv.info.host if lv is not None else att.host
     if lv is None:
         note = (
             f"its manager {att.manager} left no heartbeat: the next manager marks it "
-            f"cancelled once it has missed that heartbeat for {compact_duration(grace)}"
+            "cancelled once it has missed that heartbeat for "
+            f"{compact_duration(ws.policy.lease * ws.policy.takeover_factor)}"
         )
     elif lv.stopped:
         note = f"its manager {att.manager} has stopped: the next manager marks it cancelled at once"
@@ -100,23 +98,35 @@ def who_stops(ws: Workspace, att: AttemptRecord | None, owners: Owners) -> str:
             )
     else:
         now = owners.at
+        w = lease_wait(lv, ws.policy.takeover_factor, now, owners.live)
         dead = f"its manager {att.manager} on {host} is dead"
-        at = expires_at(lv, ws.policy.takeover_factor, now)
-        if at is None:
+        watch = f"it has watched that heartbeat for {compact_duration(w.lease)}"
+        if w.expires is None:
             when = (
                 f"once a running manager has seen its heartbeat unchanged for "
-                f"{compact_duration(grace)}"
+                f"{compact_duration(w.grace)}"
             )
-        elif at > now:
-            when = f"once its lease expires in ~{compact_duration(at - now)} (at {clock(at, now)})"
+        elif w.watched is not None and w.watched > now:
+            when = (
+                f"once its lease expires in ~{compact_duration(w.watched - now)} "
+                f"(at {clock(w.watched, now)})"
+            )
+        elif w.watched is not None:
+            dead += f" (its lease expired at {clock(w.expires, now)})"
+            when = "at its next look"
+        elif w.expires > now:
+            when = (
+                f"once its lease expires in ~{compact_duration(w.expires - now)} "
+                f"(at {clock(w.expires, now)}) and {watch}"
+            )
         else:
-            dead += f" (its lease expired at {clock(at, now)})"
-            when = f"once it has watched that heartbeat for {compact_duration(lv.info.grace_lease)}"
+            dead += f" (its lease expired at {clock(w.expires, now)})"
+            when = f"once {watch}"
         note = (
             f"{dead}: the next manager marks it cancelled {when}; only a manager on {host} "
             "stops its process there"
         )
-    if not owners.any_alive:
+    if not owners.live:
         note += f"; no manager is running: {START_ONE}"
     return note
 

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from helpers import wait_for
 from manager.support import ManagerProcess, Managers, log_of, manager_up
 
 from httk_flow.ops import managers as listing
-from httk_flow.protocol.leases import ManagerInfo, read_managers, write_heartbeat
+from httk_flow.protocol.leases import Liveness, ManagerInfo, read_managers, write_heartbeat
+from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
 from .support import Flow, live_processes, wait_state, write_script
@@ -217,7 +219,8 @@ def test_a_manager_dead_on_another_host_is_recovered_once_its_lease_expires(
     )
     expiring = re.compile(
         rf"  1 running job held by dead manager {mid} on host node-b; recovered once its "
-        r"lease expires in ~[1-6]s \(at \d\d:\d\d:\d\d\)"
+        r"lease expires in ~[1-6]s \(at \d\d:\d\d:\d\d\) and a manager has watched that "
+        r"heartbeat for 3s"
     )
     # silent for more than its 3 s lease, not yet for its 6 s takeover grace
     text = wait_for(lambda: status_when(flow, "managers: 0 live, 1 dead"), 20)
@@ -309,3 +312,65 @@ def test_a_heartbeat_names_the_batch_job_its_environment_says_and_old_ones_still
         b'{"id": "m", "host": "h", "pid": 7, "started": 1.0, "allocation_id": {"id": "1"}}',
     ):
         assert ManagerInfo.from_json(raw, "heartbeat.json").allocation_id is None
+
+
+def _gone(mid: str, age: float, *, started: float = 0.0, age_known: bool = True) -> Liveness:
+    """A manager on another host as a one-shot read sees it: silent for `age` seconds."""
+    info = ManagerInfo(mid, "node-b", 7, started, lease=30.0)
+    alive = age <= 30.0
+    return Liveness(info, age, alive=alive, stopped=False, age_known=age_known)
+
+
+@pytest.mark.parametrize(
+    ("age", "watcher_since", "age_known", "said", "at"),
+    [
+        (
+            40,
+            None,
+            True,
+            "recovered once its lease expires in ~20s (at 12:00:20) and a "
+            "manager has watched that heartbeat for 30s",
+            20,
+        ),
+        (40, 100, True, "recovered once its lease expires in ~20s (at 12:00:20)", 20),
+        # a manager that started 5 s ago watches for a whole lease first
+        (40, 5, True, "recovered once its lease expires in ~25s (at 12:00:25)", 25),
+        (
+            90,
+            None,
+            True,
+            "its lease expired at 11:59:30: a manager recovers it once it has "
+            "watched that heartbeat for 30s",
+            -30,
+        ),
+        (90, 100, True, "its lease expired at 11:59:30: a running manager recovers it now", -30),
+        (
+            40,
+            None,
+            False,
+            "recovered once a running manager has seen its heartbeat unchanged for 1m",
+            None,
+        ),
+    ],
+)
+def test_a_lease_wait_is_said_as_the_one_shot_rule_would_take_over(
+    ws: Workspace,
+    age: float,
+    watcher_since: float | None,
+    age_known: bool,
+    said: str,
+    at: float | None,
+) -> None:
+    now = dt.datetime.now().replace(hour=12, minute=0, second=0, microsecond=0).timestamp()
+    dead = _gone("mdead", age, age_known=age_known)
+    by_id = {"mdead": dead}
+    if watcher_since is not None:
+        watcher = ManagerInfo("mlive", HOST, 8, now - watcher_since, lease=30.0)
+        by_id["mlive"] = Liveness(watcher, 1.0, alive=True, stopped=False)
+    held = {"mdead": listing.Holding(Counter({State.RUNNING: 1}), "node-b")}
+    [hold] = listing.dead_holds(ws, held, by_id, now)
+    assert hold.describe(now) == (
+        f"1 running job held by dead manager mdead on host node-b; {said}"
+    )
+    assert hold.recover_at == (None if at is None else pytest.approx(now + at))
+    assert hold.to_json()["recovers"] == "lease_expiry"
