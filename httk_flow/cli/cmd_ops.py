@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
+from httk_flow.ops.managers import clock, look
 from httk_flow.protocol import maintenance
 from httk_flow.protocol.durations import compact_duration, format_duration
-from httk_flow.protocol.leases import Liveness, read_managers
+from httk_flow.protocol.leases import Liveness
 
 
 @click.command("managers")
-@click.option("--all", "all_", is_flag=True, help="Include managers that stopped.")
+@click.option("--all", "all_", is_flag=True, help="Include managers that stopped or died long ago.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
 def managers(app: App, /, all_: bool, as_json: bool) -> None:
-    """Managers with heartbeat age and liveness, and how much usable time each has left."""
-    rows = [m for m in read_managers(app.ws) if all_ or not m.stopped]
-    now = time.time()
+    """Managers with heartbeat age and liveness, the jobs a dead one still holds, the
+    allocation each runs in and how much usable time each has left."""
+    seen = look(app.ws)
+    rows = seen.views(all_=all_)
+    now = seen.now
 
     def left(m: Liveness) -> float | None:
-        return m.info.usable_left(now) if not m.stopped else 0.0
+        return m.info.usable_left(now) if m.alive else 0.0
 
     if as_json:
         app.json(
@@ -35,13 +36,20 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
                         "host": m.info.host,
                         "pid": m.info.pid,
                         "alive": m.alive,
+                        "state": v.state,
                         "heartbeat_age": round(m.age, 2),
                         "stopped": m.stopped,
                         "workers": m.info.workers,
-                        "running": m.info.running,
+                        "running": v.running,
+                        "holds": None if v.holds is None else v.held,
                         "draining": m.info.draining,
                         "pools": list(m.info.pools),
                         "capabilities": list(m.info.capabilities),
+                        "allocation": (
+                            {"backend": v.allocation[0], "id": v.allocation[1]}
+                            if v.allocation is not None
+                            else None
+                        ),
                         "ends_at": m.info.ends_at,
                         "usable_end": m.info.ends_at,
                         "usable_left": _round(left(m)),
@@ -49,31 +57,29 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
                         "allocation_end": m.info.allocation_end,
                         "attempts": m.info.attempts,
                     }
-                    for m in rows
+                    for v in rows
+                    for m in (v.liveness,)
                 ]
             }
         )
         return
     app.table(
-        ["ID", "HOST", "PID", "STATE", "HEARTBEAT", "RUNNING", "USABLE", "POOLS"],
+        ["ID", "HOST", "PID", "ALLOC", "STATE", "HEARTBEAT", "RUNNING", "USABLE", "ENDS", "POOLS"],
         [
             [
                 m.info.id,
                 m.info.host,
                 m.info.pid,
-                "stopped"
-                if m.stopped
-                else "draining"
-                if m.alive and m.info.draining
-                else "alive"
-                if m.alive
-                else "stale",
+                ":".join(v.allocation) if v.allocation is not None else "-",
+                v.state,
                 f"{format_duration(m.age)} ago",
-                f"{m.info.running}/{m.info.workers}",
+                f"{v.running}/{m.info.workers}",
                 _usable(left(m)),
+                clock(v.ends, now) if v.ends is not None else "-",
                 ",".join(m.info.pools) or "default",
             ]
-            for m in rows
+            for v in rows
+            for m in (v.liveness,)
         ],
     )
 

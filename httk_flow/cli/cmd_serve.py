@@ -134,6 +134,7 @@ def _resource_options(f: Any) -> Any:
 
 def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
     """The manager's configuration from the flags as given; the package resolves it."""
+    backends.export_allocation_id()  # the manager's heartbeat names its batch job
     return ManagerConfig.resolve(
         exit_when_idle=exit_when_idle,
         allocation=backends.current_allocation,

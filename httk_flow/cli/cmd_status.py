@@ -58,9 +58,10 @@ def _doc(r: StatusReport, by: GroupBy) -> dict[str, Any]:
                 "alive": m.alive,
                 "heartbeat_age": round(m.age, 2),
             }
-            for m in r.managers
+            for m in (v.liveness for v in r.listed)
             if m.alive or not m.stopped
         ],
+        "held_by_dead": [d.to_json() for d in r.held_by_dead],
         # the time fit's entries add its numbers: needs, longest_remaining (seconds),
         # walltime (of an allocation it would fit, or null) and estimated (from a sample)
         "blocked": [{"reason": why, "count": n, **r.details.get(why, {})} for why, n in r.blocked],
@@ -90,14 +91,20 @@ def _print(app: App, r: StatusReport, by: GroupBy) -> None:
             [[g, *[c[s] for s in shown]] for g, c in sorted(r.groups.items())],
         )
     live = r.live_managers
-    stale = [m for m in r.managers if not m.alive and not m.stopped]
-    app.echo(f"managers: {len(live)} live" + (f", {len(stale)} stale" if stale else ""))
+    dead = [v for v in r.listed if not v.liveness.alive and not v.liveness.stopped]
+    app.echo(f"managers: {len(live)} live" + (f", {len(dead)} dead" if dead else ""))
     for m in live:
         app.echo(
             f"  {m.info.id} on {m.info.host} pid {m.info.pid}, "
             f"{m.info.running}/{m.info.workers} running, "
             f"heartbeat {format_duration(m.age)} ago"
         )
+    for d in r.held_by_dead:
+        app.echo(f"  {d.describe(r.looked_at)}")
+    held = sum(d.jobs for d in r.held_by_dead)
+    if held and not live:
+        it = "it" if held == 1 else "them"
+        app.echo(f"  no live manager to recover {it}; start one with `flow serve` or `flow run`")
     for why, n in r.blocked:
         app.echo(f"blocked: {n} job{'s' * (n != 1)}: {why}")
     if r.requests_pending:

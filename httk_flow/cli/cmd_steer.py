@@ -133,7 +133,14 @@ def cancel(
 ) -> None:
     """Cancel jobs; a running job is fenced and its process group stopped."""
     handles = _select(app, idents, states, all_, "cancel", yes)
-    _apply(app, handles, lambda ws, h: steering.cancel(ws, h, reason), as_json=as_json, quiet=quiet)
+    owners = steering.Owners(app.ws)  # read once, on the first running job
+    _apply(
+        app,
+        handles,
+        lambda ws, h: steering.cancel(ws, h, reason, owners),
+        as_json=as_json,
+        quiet=quiet,
+    )
 
 
 @click.command("pause")

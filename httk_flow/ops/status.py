@@ -18,6 +18,7 @@ from httk_flow.ops.fit import (
     capacity,
     unfit,
 )
+from httk_flow.ops.managers import DeadHold, ManagerView, look
 from httk_flow.protocol import requests
 from httk_flow.protocol.discovery import count_markers, walk_all
 from httk_flow.protocol.leases import Liveness, read_managers
@@ -64,6 +65,13 @@ class StatusReport:
     #: (None: none serves it); `locked`: the maintenance lock holds every claim back
     capacities: dict[str, Capacity | None] = field(default_factory=dict)
     locked: bool = False
+    #: the managers the listings show (live ones, and dead ones holding jobs or heard from
+    #: lately), with what each that is not alive holds
+    listed: list[ManagerView] = field(default_factory=list)
+    #: jobs held by managers that are not alive, and when each is recovered
+    held_by_dead: list[DeadHold] = field(default_factory=list)
+    #: this host's clock when the managers were read
+    looked_at: float = 0.0
 
     def can_claim(self, service: str, needs: float | None) -> bool:
         """Whether a live manager could claim a ready job of this class and time."""
@@ -130,6 +138,7 @@ def workspace_status(
                     step = "?"
                 groups.setdefault(step, Counter())[st] += 1
     managers = read_managers(ws)
+    seen = look(ws, managers)
     live = [m for m in managers if m.alive]
     registry = ServiceRegistry(ws)
     caps: dict[str, Capacity | None] = {}
@@ -159,12 +168,12 @@ def workspace_status(
         elif not live:
             blocked.append(("no live manager; start one with `flow serve` or `flow run`", n))
         elif cap is None:
-            opts = " ".join(
-                [f"--pool {sc.pool}"] * bool(sc.pool) + [f"--capability {c}" for c in sc.requires]
+            serve = " ".join(
+                ["flow serve"]
+                + [f"--pool {sc.pool}"] * bool(sc.pool)
+                + [f"--capability {c}" for c in sc.requires]
             )
-            blocked.append(
-                (f"no live manager serves {sc.describe()}; start one with `flow serve {opts}`", n)
-            )
+            blocked.append((f"no live manager serves {sc.describe()}; start one with `{serve}`", n))
         elif too_long is not None:
             # no live manager that serves it has the time its declared run needs
             blocked.append((too_long.reason(), too_long.count))
@@ -206,6 +215,9 @@ def workspace_status(
         submitted_look.finish() if submitted_times else {},
         caps if live else {},
         lock is not None,
+        seen.views(),
+        seen.dead,
+        seen.now,
     )
 
 

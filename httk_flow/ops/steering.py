@@ -2,7 +2,9 @@
 
 A job with no live attempt is steered directly by whoever asks (the CLI included). A
 running job is fenced by renaming it to cancelling; its owner stops the process group
-and records the verified exit. A pause of a running job waits for the attempt to end.
+and records the verified exit, or, when the owner is dead, the manager that recovers the
+job does (the note says which, and when). A pause of a running job waits for the attempt
+to end.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import time
 from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, TransitionConflict, UsageError
+from httk_flow.ops.managers import START_ONE, clock, group_alive, lease_wait
 from httk_flow.protocol import names, requests
 from httk_flow.protocol.children import child_placement
 from httk_flow.protocol.crash import crash_point
-from httk_flow.protocol.frames import Last, LastKind
+from httk_flow.protocol.durations import compact_duration
+from httk_flow.protocol.frames import AttemptRecord, Last, LastKind
 from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.leases import Liveness, read_managers
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
@@ -41,14 +46,102 @@ def _retry_locate(ws: Workspace, job: JobHandle) -> JobHandle:
     return now
 
 
-def cancel(ws: Workspace, job: JobHandle, reason: str = "") -> SteerResult:
+class Owners:
+    """The managers' liveness, read once on first need, for one steering command."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+        self._by_id: dict[str, Liveness] | None = None
+        self.at = 0.0
+
+    def _read(self) -> dict[str, Liveness]:
+        if self._by_id is None:
+            self._by_id = {lv.info.id: lv for lv in read_managers(self.ws)}
+            self.at = time.time()
+        return self._by_id
+
+    def get(self, manager: str) -> Liveness | None:
+        return self._read().get(manager)
+
+    @property
+    def live(self) -> list[Liveness]:
+        return [lv for lv in self._read().values() if lv.alive]
+
+
+def who_stops(ws: Workspace, att: AttemptRecord | None, owners: Owners) -> str:
+    """What happens to a fenced job's attempt: its manager stops it, or, with that manager
+    dead, the manager that recovers the job marks it cancelled (and when)."""
+    lv = owners.get(att.manager) if att is not None and att.manager else None
+    if att is None or (lv is not None and lv.alive):
+        return "its manager stops the process group"
+    host = lv.info.host if lv is not None else att.host
+    if lv is None:
+        note = (
+            f"its manager {att.manager} left no heartbeat: the next manager marks it "
+            "cancelled once it has missed that heartbeat for "
+            f"{compact_duration(ws.policy.lease * ws.policy.takeover_factor)}"
+        )
+    elif lv.stopped:
+        note = f"its manager {att.manager} has stopped: the next manager marks it cancelled at once"
+    elif lv.process is not None:
+        # it ran here and its process is gone: the next manager here has its evidence
+        if att.pgid is not None and group_alive(att.pgid):
+            note = (
+                f"its manager {att.manager} is dead and its process group {att.pgid} still "
+                "runs on this host: the next manager here kills it (KILL) and marks the job "
+                "cancelled"
+            )
+        else:
+            note = (
+                f"its manager {att.manager} is dead and its process is gone: the next "
+                "manager here marks it cancelled at once"
+            )
+    else:
+        now = owners.at
+        w = lease_wait(lv, ws.policy.takeover_factor, now, owners.live)
+        dead = f"its manager {att.manager} on {host} is dead"
+        watch = f"it has watched that heartbeat for {compact_duration(w.lease)}"
+        if w.expires is None:
+            when = (
+                f"once a running manager has seen its heartbeat unchanged for "
+                f"{compact_duration(w.grace)}"
+            )
+        elif w.watched is not None and w.watched > now:
+            when = (
+                f"once its lease expires in ~{compact_duration(w.watched - now)} "
+                f"(at {clock(w.watched, now)})"
+            )
+        elif w.watched is not None:
+            dead += f" (its lease expired at {clock(w.expires, now)})"
+            when = "at its next look"
+        elif w.expires > now:
+            when = (
+                f"once its lease expires in ~{compact_duration(w.expires - now)} "
+                f"(at {clock(w.expires, now)}) and {watch}"
+            )
+        else:
+            dead += f" (its lease expired at {clock(w.expires, now)})"
+            when = f"once {watch}"
+        note = (
+            f"{dead}: the next manager marks it cancelled {when}; only a manager on {host} "
+            "stops its process there"
+        )
+    if not owners.live:
+        note += f"; no manager is running: {START_ONE}"
+    return note
+
+
+def cancel(
+    ws: Workspace, job: JobHandle, reason: str = "", owners: Owners | None = None
+) -> SteerResult:
     """Cancel a job and, depth first, every child it spawned that is not finished."""
-    result = _cancel_one(ws, job, reason)
+    owners = owners or Owners(ws)
+    result = _cancel_one(ws, job, reason, owners)
     n = 0
     for child in children_of(ws, job):
         if not child.state.is_permanent:
             try:
-                cancel(ws, child, reason or f"parent {job.key} cancelled")
+                cancel(ws, child, reason or f"parent {job.key} cancelled", owners)
                 n += 1
             except FlowError:
                 pass  # a child that keeps moving is reported by its own next cancel
@@ -74,7 +167,7 @@ def children_of(ws: Workspace, job: JobHandle) -> list[JobHandle]:
     return out
 
 
-def _cancel_one(ws: Workspace, job: JobHandle, reason: str) -> SteerResult:
+def _cancel_one(ws: Workspace, job: JobHandle, reason: str, owners: Owners) -> SteerResult:
     """One job: one rename if nothing runs, else fence it for its owner to stop."""
     for _ in range(5):
         st = job.state
@@ -86,7 +179,8 @@ def _cancel_one(ws: Workspace, job: JobHandle, reason: str) -> SteerResult:
                 body = was.carry(attempt=was.attempt, why="cancel requested", reason=reason)
                 new = transition(ws, job, State.CANCELLING, body, actor=_actor())
                 crash_point("cancel.after_fence")
-                return SteerResult(job.key, st, new.state, "its manager stops the process group")
+                note = who_stops(ws, was.attempt, owners)
+                return SteerResult(job.key, st, new.state, note)
             if st is State.COMMITTING:
                 time.sleep(0.2)  # a commit takes milliseconds; look again
                 job = _retry_locate(ws, job)

@@ -20,6 +20,9 @@ ENV_CRASH_AT = "FLOW_CRASH_AT"
 ENV_ALLOCATION_TOKEN = "FLOW_ALLOCATION_TOKEN"
 #: when the allocation a manager runs in ends (unix seconds): it drains to end by then
 ENV_ALLOCATION_END = "FLOW_ALLOCATION_END"
+#: the batch job a manager runs in, BACKEND:ID (its heartbeat names it; `flow serve` sets
+#: it when a backend recognises its allocation)
+ENV_ALLOCATION_ID = "FLOW_ALLOCATION_ID"
 #: the text of context.json, handed to the launcher to write (unset before the exec)
 ENV_LAUNCH_CONTEXT = "FLOW_LAUNCH_CONTEXT"
 #: what an attempt's program is told: the workspace root

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -50,6 +50,22 @@ def skew_bound(lease: float) -> float:
 
 def _float_or_none(v: Any) -> float | None:
     return float(v) if v is not None else None
+
+
+def parse_allocation_id(v: Any) -> tuple[str, str] | None:
+    """(backend, id) from a heartbeat's `allocation_id` or $FLOW_ALLOCATION_ID's
+    BACKEND:ID; None for anything else (an old heartbeat has none: it still reads)."""
+    backend: Any
+    ident: Any
+    if isinstance(v, str):
+        backend, _, ident = v.partition(":")
+    elif isinstance(v, dict):
+        backend, ident = v.get("backend"), v.get("id")
+    else:
+        return None
+    if isinstance(backend, str) and isinstance(ident, str) and backend and ident:
+        return backend[:64], ident[:128]
+    return None
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,8 @@ class ManagerInfo:
     #: ends_at, and the longest time one of them declared
     unfit: int = 0
     unfit_need: float | None = None
+    #: the batch job it runs in, (backend, id), from its environment; None: not known
+    allocation_id: tuple[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def usable_left(self, now: float) -> float | None:
@@ -122,6 +140,11 @@ class ManagerInfo:
                 "attempts": self.attempts,
                 "unfit": self.unfit,
                 "unfit_need": self.unfit_need,
+                "allocation_id": (
+                    {"backend": self.allocation_id[0], "id": self.allocation_id[1]}
+                    if self.allocation_id is not None
+                    else None
+                ),
                 **self.extra,
             }
         )
@@ -152,6 +175,7 @@ class ManagerInfo:
                 attempts=int(d.get("attempts", 0)),
                 unfit=int(d.get("unfit", 0)),
                 unfit_need=_float_or_none(d.get("unfit_need")),
+                allocation_id=parse_allocation_id(d.get("allocation_id")),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise FlowError(f"is not a valid heartbeat ({e})", obj=where) from None
@@ -217,6 +241,12 @@ def heartbeat_path(ws: Workspace, manager_id: str) -> str:
 
 
 def write_heartbeat(ws: Workspace, info: ManagerInfo) -> None:
+    """Rewrite the manager's heartbeat; one that does not say which batch job it runs in
+    names the one its process's environment does ($FLOW_ALLOCATION_ID)."""
+    if info.allocation_id is None:
+        found = parse_allocation_id(os.environ.get(layout.ENV_ALLOCATION_ID))
+        if found is not None:
+            info = replace(info, allocation_id=found)
     d = layout.manager_dir(ws.root, info.id)
     ws.ensure_dir(d)
     try:

@@ -113,13 +113,18 @@ def test_a_manager_in_an_allocation_claims_only_what_ends_before_the_earliest_dr
         "ID",
         "HOST",
         "PID",
+        "ALLOC",
         "STATE",
         "HEARTBEAT",
         "RUNNING",
         "USABLE",
+        "ENDS",
         "POOLS",
     ]
-    assert re.search(r" 0/2 +(2\d|3\d|40)s left +default$", text, re.M), text
+    # ENDS: the allocation's end, a time of day (with the date past midnight)
+    today = time.strftime("%Y-%m-%d") == time.strftime("%Y-%m-%d", time.localtime(end))
+    ends = time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M", time.localtime(end))
+    assert re.search(rf" 0/2 +(2\d|3\d|40)s left +{ends} +default$", text, re.M), text
     time.sleep(1.5)  # a tick or two more: the 60 s job is still not claimed
     assert job(root, honest).state is State.READY
     assert job(root, honest).attempts == []

@@ -9,12 +9,13 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from functools import cache
 from types import ModuleType
 from typing import cast
 
 from httk_flow.errors import UsageError
+from httk_flow.protocol import layout
 from httk_flow.protocol.resources import NO_GRANT, Grant
 from httk_flow.scale.backends.base import AllocationBackend, BackendCommand
 
@@ -111,3 +112,22 @@ def current_job() -> tuple[str, str] | None:
         if found is not None:
             return found
     return None
+
+
+def current_allocation_id() -> tuple[str, str] | None:
+    """(backend name, id) of the allocation this process runs in, if a backend can tell
+    from the environment alone."""
+    for backend in available().values():
+        ident = backend.allocation_id()
+        if ident is not None:
+            return backend.name, ident
+    return None
+
+
+def export_allocation_id(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Name the allocation this process runs in for the manager it is about to become
+    ($FLOW_ALLOCATION_ID, BACKEND:ID, which its heartbeat carries): the one a backend
+    recognises, else whatever a batch script exported itself."""
+    found = current_allocation_id()
+    if found is not None:
+        environ[layout.ENV_ALLOCATION_ID] = f"{found[0]}:{found[1]}"

@@ -86,6 +86,11 @@ class AllocationBackend(Protocol):
         """If this process runs inside one of this backend's allocations: its end time."""
         ...
 
+    def allocation_id(self) -> str | None:
+        """If this process runs inside one of this backend's allocations: its id, from the
+        environment alone (nothing is asked of the batch system)."""
+        ...
+
 
 def adopt_by_token(
     backend: AllocationBackend,

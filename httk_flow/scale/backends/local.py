@@ -124,6 +124,10 @@ class LocalBackend:
     def diagnostics(self) -> dict[str, str]:
         return {"backend": self.name, "python": sys.executable}
 
+    def allocation_id(self) -> str | None:
+        # its allocations are found by their token (allocation records), not from here
+        return None
+
     def allocation_end(self) -> float | None:
         value = os.environ.get(layout.ENV_ALLOCATION_END)
         try:

@@ -196,6 +196,10 @@ class SlurmBackend:
             return None
         return f"Slurm job {job_id}", f"*** JOB {job_id} ON <node> CANCELLED AT <time> ***"
 
+    def allocation_id(self) -> str | None:
+        job_id = os.environ.get(JOB_ID_ENV, "")
+        return job_id if is_job_id(job_id) else None
+
     def allocation_end(self) -> float | None:
         job_id = os.environ.get(JOB_ID_ENV, "")
         if not is_job_id(job_id):
