@@ -10,6 +10,7 @@ from httk_flow.ops.managers import clock, look
 from httk_flow.protocol import maintenance
 from httk_flow.protocol.durations import compact_duration, format_duration
 from httk_flow.protocol.leases import Liveness
+from httk_flow.protocol.resources import Offer, format_size
 
 
 @click.command("managers")
@@ -56,6 +57,8 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
                         "drain_at": m.info.drain_at,
                         "allocation_end": m.info.allocation_end,
                         "attempts": m.info.attempts,
+                        "inventory": m.info.inventory.to_json() if m.info.inventory else None,
+                        "in_use": m.info.in_use.to_json() if m.info.in_use else None,
                     }
                     for v in rows
                     for m in (v.liveness,)
@@ -64,7 +67,19 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
         )
         return
     app.table(
-        ["ID", "HOST", "PID", "ALLOC", "STATE", "HEARTBEAT", "RUNNING", "USABLE", "ENDS", "POOLS"],
+        [
+            "ID",
+            "HOST",
+            "PID",
+            "ALLOC",
+            "STATE",
+            "HEARTBEAT",
+            "RUNNING",
+            "IN USE",
+            "USABLE",
+            "ENDS",
+            "POOLS",
+        ],
         [
             [
                 m.info.id,
@@ -74,6 +89,7 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
                 v.state,
                 f"{format_duration(m.age)} ago",
                 f"{v.running}/{m.info.workers}",
+                _in_use(m.info.inventory, m.info.in_use) if m.alive else "-",
                 _usable(left(m)),
                 clock(v.ends, now) if v.ends is not None else "-",
                 ",".join(m.info.pools) or "default",
@@ -82,6 +98,21 @@ def managers(app: App, /, all_: bool, as_json: bool) -> None:
             for m in (v.liveness,)
         ],
     )
+
+
+def _in_use(has: Offer | None, used: Offer | None) -> str:
+    """What attempts hold of the inventory: `3/4 CPUs, 1/2 GPUs, 4G/16G`."""
+    if has is None:
+        return "-"
+    u = used or Offer(0)
+    parts = [f"{u.cpus}/{has.cpus} CPUs"]
+    if has.gpus:
+        parts.append(f"{len(u.gpus)}/{len(has.gpus)} GPUs")
+    if u.mem:
+        parts.append(f"{format_size(u.mem)}/{format_size(has.mem)}")
+    used_custom = dict(u.custom)
+    parts += [f"{k} {used_custom.get(k, 0)}/{n}" for k, n in has.custom]
+    return ", ".join(parts)
 
 
 def _round(v: float | None) -> float | None:

@@ -17,8 +17,8 @@ from httk_flow.protocol.resources import (
     MAX_COUNT,
     NO_GRANT,
     Grant,
+    Offer,
     Request,
-    format_size,
     parse_resource,
     parse_size,
 )
@@ -48,19 +48,13 @@ class Inventory:
     #: where each figure came from, for `flow managers` and the start line
     sources: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def offer(self) -> Offer:
+        return Offer(self.cpus, self.gpus, self.mem, self.custom)
+
     def lacks(self, need: Request) -> str | None:
         """Why a request can never fit here, even with nothing running (None: it can)."""
-        if need.cpus > self.cpus:
-            return f"needs {_n(need.cpus, 'CPU')}; this manager has {self.cpus}"
-        if need.gpus > len(self.gpus):
-            return f"needs {_n(need.gpus, 'GPU')}; this manager has {len(self.gpus)}"
-        if need.mem > self.mem:
-            return f"needs {format_size(need.mem)} memory; this manager has {format_size(self.mem)}"
-        have = dict(self.custom)
-        for name, n in need.custom:
-            if have.get(name, 0) < n:
-                return f"needs {name}={n}; this manager has {name}={have.get(name, 0)}"
-        return None
+        return self.offer.lacks(need)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,17 +66,7 @@ class Inventory:
         }
 
     def describe(self) -> str:
-        parts = [_n(self.cpus, "CPU")]
-        if self.gpus:
-            parts.append(_n(len(self.gpus), "GPU") + f" ({','.join(self.gpus)})")
-        if self.mem:
-            parts.append(f"{format_size(self.mem)} memory")
-        parts += [f"{k}={v}" for k, v in self.custom]
-        return ", ".join(parts)
-
-
-def _n(n: int, what: str) -> str:
-    return f"{n} {what}" + ("s" if n != 1 else "")
+        return self.offer.describe()
 
 
 def detect(

@@ -171,6 +171,8 @@ class Manager:
             attempts=self.attempts_started,
             unfit=unfit,
             unfit_need=need,
+            inventory=self.slots.inventory.offer,
+            in_use=self.slots.in_use(),
         )
 
     def heartbeat(self, force: bool = False) -> None:

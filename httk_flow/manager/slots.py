@@ -22,7 +22,7 @@ from httk_flow.manager.inventory import (
     Inventory,
 )
 from httk_flow.protocol import layout
-from httk_flow.protocol.resources import Request
+from httk_flow.protocol.resources import Offer, Request
 
 #: seconds a job that does not fit lets smaller jobs past before it keeps back what it needs
 RESERVE_AFTER = 60.0
@@ -182,11 +182,13 @@ class Slots:
         if b.ledger:
             self.ledger.release(b.ledger)
 
-    def in_use(self) -> dict[str, object]:
+    def in_use(self) -> Offer:
+        """What attempts hold now, in the inventory's terms (for the heartbeat)."""
         inv = self.inventory
-        return {
-            "cpus": inv.cpus - len(self._free_cpus),
-            "gpus": len(inv.gpus) - len(self._free_gpus),
-            "mem": inv.mem - self.mem_free,
-            "custom": {k: v - self._custom_free.get(k, 0) for k, v in inv.custom},
-        }
+        free = set(self._free_gpus)
+        return Offer(
+            inv.cpus - len(self._free_cpus),
+            tuple(g for g in inv.gpus if g not in free),
+            inv.mem - self.mem_free,
+            tuple((k, v - self._custom_free.get(k, 0)) for k, v in inv.custom),
+        )

@@ -24,6 +24,7 @@ from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.handles import JobHandle
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.leases import Liveness, ManagerInfo
+from httk_flow.protocol.resources import format_size
 from httk_flow.protocol.services import ServiceClass
 from httk_flow.protocol.workspace import Workspace
 
@@ -185,6 +186,30 @@ def capacity(live: list[Liveness], sc: ServiceClass, now: float) -> Capacity | N
         if best is None or left > best[0]:
             best = (left, m.info)
     return Capacity(best[0], best[1]) if best is not None else None
+
+
+def too_big(live: list[Liveness], sc: ServiceClass) -> str | None:
+    """Why no live manager serving `sc` could ever hold its request, with the numbers and
+    the command that would (None: one can, none serves it at all, or one is too old to
+    say what it has)."""
+    if sc.need.is_default:
+        return None
+    serving = [m.info for m in live if sc.served_by(m.info.pools, m.info.capabilities)]
+    offers = [i.inventory for i in serving if i.inventory is not None]
+    if not serving or len(offers) < len(serving):
+        return None
+    if any(o.lacks(sc.need) is None for o in offers):
+        return None
+    largest = max(offers, key=lambda o: (o.cpus, len(o.gpus), o.mem))
+    who = "the largest live manager serving it" if len(offers) > 1 else "the live manager"
+    why = largest.lacks(sc.need, who=who)
+    need = sc.need
+    flags = [f"--cpus {need.cpus}"] * (need.cpus > max(o.cpus for o in offers))
+    flags += [f"--gpus {need.gpus}"] * (need.gpus > max(len(o.gpus) for o in offers))
+    flags += [f"--mem {format_size(need.mem)}"] * (need.mem > max(o.mem for o in offers))
+    flags += [f"--resource {k}={v}" for k, v in need.custom]
+    flags += [f"--pool {sc.pool}"] * bool(sc.pool) + [f"--capability {c}" for c in sc.requires]
+    return f"{why}; start one with `flow serve {' '.join(flags)}`"
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,12 @@ def read_log(
         job = first_attempt(ws, job, interval=interval, on_wait=on_wait)
     adir = attempt_dir(ws, job, attempt)
     path = layout.stderr_file(adir) if stderr else layout.stdout_file(adir)
+    while follow and not os.path.exists(path):
+        # claimed, its directory made, the launcher not yet run: its files come next
+        now = locate_key(ws, job.placement, job.key)
+        if now is None or not now.state.is_active:
+            break
+        time.sleep(min(interval, 0.05))
     if not os.path.exists(path):
         if os.path.isdir(os.path.dirname(path)):
             return  # the attempt wrote nothing there

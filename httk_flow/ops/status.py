@@ -16,6 +16,7 @@ from httk_flow.ops.fit import (
     TimeRequests,
     allocation_walltime,
     capacity,
+    too_big,
     unfit,
 )
 from httk_flow.ops.managers import DeadHold, ManagerView, look
@@ -167,6 +168,8 @@ def workspace_status(
             blocked.append((f"service class {cid!r} is unreadable; run `flow fsck`", n))
         elif not live:
             blocked.append(("no live manager; start one with `flow serve` or `flow run`", n))
+        elif (big := too_big(live, sc)) is not None:
+            blocked.append((big, n))
         elif cap is None:
             serve = " ".join(
                 ["flow serve"]

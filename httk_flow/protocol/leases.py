@@ -24,6 +24,7 @@ from httk_flow.errors import FlowError
 from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.procs import process_alive, this_process
+from httk_flow.protocol.resources import Offer
 from httk_flow.protocol.services import ServiceClass
 from httk_flow.protocol.workspace import MIN_LEASE, Workspace
 
@@ -106,6 +107,10 @@ class ManagerInfo:
     unfit_need: float | None = None
     #: the batch job it runs in, (backend, id), from its environment; None: not known
     allocation_id: tuple[str, str] | None = None
+    #: what it gives its attempts in all, and what of that they hold now (None: a
+    #: manager from before resources, which counts only `workers`)
+    inventory: Offer | None = None
+    in_use: Offer | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def usable_left(self, now: float) -> float | None:
@@ -145,6 +150,8 @@ class ManagerInfo:
                     if self.allocation_id is not None
                     else None
                 ),
+                "inventory": self.inventory.to_json() if self.inventory else None,
+                "in_use": self.in_use.to_json() if self.in_use else None,
                 **self.extra,
             }
         )
@@ -176,6 +183,8 @@ class ManagerInfo:
                 unfit=int(d.get("unfit", 0)),
                 unfit_need=_float_or_none(d.get("unfit_need")),
                 allocation_id=parse_allocation_id(d.get("allocation_id")),
+                inventory=Offer.from_json(d.get("inventory")),
+                in_use=Offer.from_json(d.get("in_use")),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise FlowError(f"is not a valid heartbeat ({e})", obj=where) from None

@@ -181,6 +181,68 @@ class Request:
 DEFAULT_REQUEST = Request()
 
 
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}" + ("s" if n != 1 else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What a manager gives its attempts in all (its inventory), or holds of it: in its
+    heartbeat, so `flow status` and `flow managers` say what fits where."""
+
+    cpus: int
+    gpus: tuple[str, ...] = ()
+    mem: int = 0
+    custom: tuple[tuple[str, int], ...] = ()
+
+    def lacks(self, need: Request, who: str = "this manager") -> str | None:
+        """Why a request can never fit here, even with nothing running (None: it can)."""
+        if need.cpus > self.cpus:
+            return f"needs {_n(need.cpus, 'CPU')}; {who} has {self.cpus}"
+        if need.gpus > len(self.gpus):
+            return f"needs {_n(need.gpus, 'GPU')}; {who} has {len(self.gpus)}"
+        if need.mem > self.mem:
+            return f"needs {format_size(need.mem)} memory; {who} has {format_size(self.mem)}"
+        have = dict(self.custom)
+        for name, n in need.custom:
+            if have.get(name, 0) < n:
+                return f"needs {name}={n}; {who} has {name}={have.get(name, 0)}"
+        return None
+
+    def describe(self) -> str:
+        parts = [_n(self.cpus, "CPU")]
+        if self.gpus:
+            parts.append(_n(len(self.gpus), "GPU") + f" ({','.join(self.gpus)})")
+        if self.mem:
+            parts.append(f"{format_size(self.mem)} memory")
+        parts += [f"{k}={v}" for k, v in self.custom]
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cpus": self.cpus,
+            "gpus": list(self.gpus),
+            "mem": self.mem,
+            "custom": dict(self.custom),
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Offer | None:
+        """An offer a heartbeat carries; None when absent or not of this shape."""
+        if not isinstance(data, dict):
+            return None
+        cpus, gpus, mem, custom = (data.get(k) for k in ("cpus", "gpus", "mem", "custom"))
+        if not isinstance(cpus, int) or not isinstance(mem, int) or not isinstance(gpus, list):
+            return None
+        pairs = custom.items() if isinstance(custom, dict) else ()
+        return cls(
+            cpus,
+            tuple(str(g) for g in gpus),
+            mem,
+            tuple(sorted((str(k), int(v)) for k, v in pairs if isinstance(v, int))),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     """What a batch system granted the allocation this process runs in, on its node, as

@@ -117,6 +117,8 @@ def test_a_manager_in_an_allocation_claims_only_what_ends_before_the_earliest_dr
         "STATE",
         "HEARTBEAT",
         "RUNNING",
+        "IN",
+        "USE",
         "USABLE",
         "ENDS",
         "POOLS",
@@ -124,7 +126,7 @@ def test_a_manager_in_an_allocation_claims_only_what_ends_before_the_earliest_dr
     # ENDS: the allocation's end, a time of day (with the date past midnight)
     today = time.strftime("%Y-%m-%d") == time.strftime("%Y-%m-%d", time.localtime(end))
     ends = time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M", time.localtime(end))
-    assert re.search(rf" 0/2 +(2\d|3\d|40)s left +{ends} +default$", text, re.M), text
+    assert re.search(rf" 0/2 +0/\d+ CPUs +(2\d|3\d|40)s left +{ends} +default$", text, re.M), text
     time.sleep(1.5)  # a tick or two more: the 60 s job is still not claimed
     assert job(root, honest).state is State.READY
     assert job(root, honest).attempts == []

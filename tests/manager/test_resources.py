@@ -397,3 +397,47 @@ def test_a_resource_request_reaches_job_json_and_the_environment(
 def _two_cpus() -> list[int]:
     mask = sorted(os.sched_getaffinity(0))
     return mask[:2] if len(mask) >= 2 else [mask[0]]
+
+
+def test_status_names_a_job_too_large_for_every_live_manager(
+    root: str, scripts: Path, managers: Managers, stamps: Path, tmp_path: Path
+) -> None:
+    prog = write_script(scripts, "job.sh", STAMP)
+    submit(root, prog, 1, resources=Request(gpus=8, cpus=2))
+    p = managers.start(
+        root,
+        "--cpus",
+        "2",
+        "--gpus",
+        "4",
+        "--mem",
+        "2G",
+        command="serve",
+        workers=2,
+        env={"STAMPS": str(stamps), "FLOW_DEVICE_LEDGER_DIR": str(tmp_path / "ledger")},
+    )
+
+    def managers_json() -> dict[str, object]:
+        out = subprocess.run(
+            [*FLOW, "managers", "-w", root, "--json"], capture_output=True, check=True
+        )
+        return orjson.loads(out.stdout)  # type: ignore[no-any-return]
+
+    wait_for(lambda: managers_json()["managers"] or p.poll() is not None, 20)
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    status = subprocess.run(
+        [*FLOW, "status", "-w", root], capture_output=True, text=True, env=env, check=True
+    )
+    assert (
+        "blocked: 1 job: needs 8 GPUs; the live manager has 4; start one with `flow serve --gpus 8`"
+    ) in status.stdout, status.stdout
+    [m] = managers_json()["managers"]  # type: ignore[misc]
+    assert m["inventory"] == {"cpus": 2, "gpus": ["0", "1", "2", "3"], "mem": 2 << 30, "custom": {}}
+    assert m["in_use"] == {"cpus": 0, "gpus": [], "mem": 0, "custom": {}}
+    table = subprocess.run(
+        [*FLOW, "managers", "-w", root], capture_output=True, text=True, env=env, check=True
+    )
+    header, row = table.stdout.splitlines()[:2]
+    assert "IN USE" in header
+    assert "0/2 CPUs, 0/4 GPUs" in row
+    assert len(list(stamps.iterdir())) == 0

@@ -25,6 +25,8 @@ from httk_flow.protocol.workspace import Workspace
 from .support import Flow, live_processes, wait_state, write_script
 
 HOST = socket.gethostname()
+#: the CPUs a manager started here finds (its affinity mask)
+NCPU = len(os.sched_getaffinity(0))
 START_ONE = "start one with `flow serve` or `flow run`"
 
 #: touches $FLOW_WORKDIR/started, then sleeps far longer than any test
@@ -119,8 +121,9 @@ def test_a_killed_managers_job_is_named_in_status_and_managers_until_the_next_re
     assert [(m["id"], m["alive"]) for m in status["managers"]] == [(mid, False)]
     # the running count is the jobs it holds, not what its last heartbeat said
     assert cells(flow.ok("managers")) == [
-        "ID | HOST | PID | ALLOC | STATE | HEARTBEAT | RUNNING | USABLE | ENDS | POOLS",
-        f"{mid} | {HOST} | {pid} | - | dead (holds 1 job) | N ago | 1/1 | 0s left | - | default",
+        "ID | HOST | PID | ALLOC | STATE | HEARTBEAT | RUNNING | IN USE | USABLE | ENDS | POOLS",
+        f"{mid} | {HOST} | {pid} | - | dead (holds 1 job) | N ago | 1/1 | - | 0s left | - | "
+        "default",
     ]
     dead = managers_json(flow)[mid]
     assert (dead["state"], dead["holds"], dead["running"], dead["allocation"]) == (
@@ -139,9 +142,10 @@ def test_a_killed_managers_job_is_named_in_status_and_managers_until_the_next_re
     assert wait_state(flow, "held", {"running"}) == "running"
     assert [a["n"] for a in flow.show("held")["attempts"]] == [1, 2]
     assert cells(flow.ok("managers")) == [
-        "ID | HOST | PID | ALLOC | STATE | HEARTBEAT | RUNNING | USABLE | ENDS | POOLS",
-        f"{new} | {HOST} | {q.pid} | - | alive | N ago | 1/1 | - | - | default",
-        f"{mid} | {HOST} | {pid} | - | dead (work recovered) | N ago | 0/1 | 0s left | - | default",
+        "ID | HOST | PID | ALLOC | STATE | HEARTBEAT | RUNNING | IN USE | USABLE | ENDS | POOLS",
+        f"{new} | {HOST} | {q.pid} | - | alive | N ago | 1/1 | 1/{NCPU} CPUs | - | - | default",
+        f"{mid} | {HOST} | {pid} | - | dead (work recovered) | N ago | 0/1 | - | 0s left | - | "
+        "default",
     ]
     assert aged(flow.ok("status"))[-2:] == [
         "managers: 1 live, 1 dead",
@@ -266,11 +270,12 @@ def test_a_manager_in_an_allocation_shows_its_batch_job_and_end(
         "STATE",
         "HEARTBEAT",
         "RUNNING",
+        "IN USE",
         "USABLE",
         "ENDS",
         "POOLS",
     ]
-    alloc, state, _, _, usable, ends, pools = row.split(" | ")[3:]
+    alloc, state, _, _, _, usable, ends, pools = row.split(" | ")[3:]
     assert (alloc, state, ends, pools) == ("slurm:4242", "alive", "2031-01-02 03:04", "default")
     assert re.fullmatch(r"\d+d(\d+h)?(\d+m)? left", usable), usable
     [m] = flow.json("managers")["managers"]
@@ -286,6 +291,7 @@ def test_a_manager_in_an_allocation_shows_its_batch_job_and_end(
         "dead (holds 1 job)",
         "N ago",
         "1/1",
+        "-",
         "0s left",
         "2031-01-02 03:04",
         "default",
