@@ -9,11 +9,14 @@ _FLOW_CHILDREN_VERSION=0.1.0
 [[ ${_FLOW_API_VERSION-} == "$_FLOW_CHILDREN_VERSION" ]] || return 3
 
 # flow_spawn [--tag T] [--step S] [--param K=V]... [--priority N] [--label L] [--program P]
-# Define a child job; flow_wait registers them all when this attempt ends.
+#            [--cpus N] [--gpus N] [--mem SIZE] [--resource NAME=N]...
+# Define a child job; flow_wait registers them all when this attempt ends. What the
+# child holds (--cpus ...) defaults to the parent's, one option at a time.
 _flow_do_spawn() {
     local _flow_tag="" _flow_s="" _flow_prio="" _flow_label="" _flow_prog="" _flow_opt
     local _flow_params="" _flow_k _flow_v _flow_q _flow_line _flow_f=flow_spawn
-    local -A _flow_seen=()
+    local _flow_cpus="" _flow_gpus="" _flow_mem="" _flow_res=""
+    local -A _flow_seen=() _flow_rseen=()
     _flow_nspawn=$((_flow_nspawn + 1))
     if _flow_has_outcome; then
         _flow_misuse $_flow_f "called after this attempt published its outcome"
@@ -22,7 +25,7 @@ _flow_do_spawn() {
     while (($#)); do
         _flow_opt=$1
         case $_flow_opt in
-        --tag | --step | --param | --priority | --label | --program)
+        --tag | --step | --param | --priority | --label | --program | --cpus | --gpus | --mem | --resource)
             if (($# < 2)); then
                 _flow_misuse $_flow_f "option $_flow_opt needs a value"
                 return 2
@@ -30,13 +33,13 @@ _flow_do_spawn() {
             _flow_v=$2
             shift 2
             ;;
-        --tag=* | --step=* | --param=* | --priority=* | --label=* | --program=*)
+        --tag=* | --step=* | --param=* | --priority=* | --label=* | --program=* | --cpus=* | --gpus=* | --mem=* | --resource=*)
             _flow_v=${_flow_opt#*=}
             _flow_opt=${_flow_opt%%=*}
             shift
             ;;
         *)
-            _flow_misuse $_flow_f "unknown argument '$_flow_opt' (options: --tag --step --param --priority --label --program)"
+            _flow_misuse $_flow_f "unknown argument '$_flow_opt' (options: --tag --step --param --priority --label --program --cpus --gpus --mem --resource)"
             return 2
             ;;
         esac
@@ -99,6 +102,52 @@ _flow_do_spawn() {
             fi
             _flow_prog=$_flow_v
             ;;
+        --cpus | --gpus)
+            # digits here; the manager checks their range, as it reads the rest
+            if ! _flow_valid count "$_flow_v"; then
+                _flow_misuse $_flow_f "$_flow_opt '$_flow_v' is not a whole number"
+                return 2
+            fi
+            _flow_q=${_flow_v%%[!0]*} # JSON numbers have no leading zeros
+            _flow_q=${_flow_v#"$_flow_q"}
+            if [[ $_flow_opt == --cpus ]]; then
+                _flow_cpus=${_flow_q:-0}
+            else
+                _flow_gpus=${_flow_q:-0}
+            fi
+            ;;
+        --mem)
+            # a size such as 4G (or bare megabytes) that the manager reads
+            if [[ -z $_flow_v ]]; then
+                _flow_misuse $_flow_f "--mem needs a size such as 4G, 512M or 2048 (megabytes)"
+                return 2
+            fi
+            _flow_json_quote _flow_mem "$_flow_v"
+            ;;
+        --resource)
+            if [[ $_flow_v != *=* ]]; then
+                _flow_misuse $_flow_f "--resource needs NAME=N, got '$_flow_v'"
+                return 2
+            fi
+            _flow_k=${_flow_v%%=*}
+            if ! _flow_valid label "$_flow_k"; then
+                _flow_misuse $_flow_f "resource name '$_flow_k' is not valid (1-128 letters, digits and '_.+-', starting with a letter or digit)"
+                return 2
+            fi
+            _flow_v=${_flow_v#*=}
+            if ! _flow_valid count "$_flow_v"; then
+                _flow_misuse $_flow_f "--resource $_flow_k=$_flow_v: '$_flow_v' is not a whole number"
+                return 2
+            fi
+            if [[ -n ${_flow_rseen[$_flow_k]-} ]]; then
+                _flow_misuse $_flow_f "resource '$_flow_k' is given twice"
+                return 2
+            fi
+            _flow_rseen[$_flow_k]=1
+            _flow_q=${_flow_v%%[!0]*}
+            _flow_q=${_flow_v#"$_flow_q"}
+            _flow_res+=${_flow_res:+,}"\"$_flow_k\":${_flow_q:-0}"
+            ;;
         esac
     done
     if [[ -z $_flow_prog ]] && ((${#_flow_steps_list[@]})) && [[ -z ${_flow_declared[${_flow_s:-main}]-} ]]; then
@@ -121,6 +170,10 @@ _flow_do_spawn() {
         _flow_json_quote _flow_q "$_flow_prog"
         _flow_line+=",\"program\":$_flow_q"
     fi
+    [[ -z $_flow_cpus ]] || _flow_line+=",\"cpus\":$_flow_cpus"
+    [[ -z $_flow_gpus ]] || _flow_line+=",\"gpus\":$_flow_gpus"
+    [[ -z $_flow_mem ]] || _flow_line+=",\"mem\":$_flow_mem"
+    [[ -z $_flow_res ]] || _flow_line+=",\"resources\":{$_flow_res}"
     _flow_children+=$_flow_line$'}\n'
     return 0
 }

@@ -22,6 +22,7 @@ _FLOW_RE_TAG='^[A-Za-z0-9][A-Za-z0-9_+-]{0,63}$'
 _FLOW_RE_LABEL='^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$'
 _FLOW_RE_CODE='^[A-Za-z0-9_.:+-]{1,64}$'
 _FLOW_RE_PRIORITY='^[0-9]{1,3}$'
+_FLOW_RE_COUNT='^[0-9]+$'
 
 _flow_published=0 # this process published an outcome
 _flow_error=""    # the first misuse: the step ends as a fail naming it
@@ -36,7 +37,8 @@ _flow_steps_list=()
 
 # -- helpers -----------------------------------------------------------------------------
 
-# _flow_valid KIND VALUE: is VALUE of the grammar (ident, tag, label, code, priority)?
+# _flow_valid KIND VALUE: is VALUE of the grammar (ident, tag, label, code, priority,
+# count: digits)?
 _flow_valid() {
     # byte-wise ranges: in other locales [a-z] may match accented or upper-case letters
     local LC_ALL=C _flow_re
@@ -46,6 +48,7 @@ _flow_valid() {
     label) _flow_re=$_FLOW_RE_LABEL ;;
     code) _flow_re=$_FLOW_RE_CODE ;;
     priority) _flow_re=$_FLOW_RE_PRIORITY ;;
+    count) _flow_re=$_FLOW_RE_COUNT ;;
     *) return 1 ;;
     esac
     [[ $2 =~ $_flow_re ]]

@@ -248,6 +248,7 @@ class Committer:
                     placement=placement,
                     pool=spec.pool,
                     requires=list(spec.requires),
+                    resources=c.request_over(spec.resources),
                     retries=spec.retries,
                     max_attempts=spec.max_attempts,
                     workdir=spec.workdir,

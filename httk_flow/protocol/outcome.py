@@ -17,6 +17,7 @@ from httk_flow.errors import FlowError, InvalidOutcome, UnsafePath
 from httk_flow.protocol import layout, names
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.layout import OUTCOME_DIR as OUTCOME_DIR  # re-exported from layout
+from httk_flow.protocol.resources import MAX_COUNT, RESERVED, Request, parse_size
 
 MAX_OUTCOME = 1 << 20
 MAX_CHILDREN_FILE = 64 << 20
@@ -47,6 +48,24 @@ class ChildDef:
     params: dict[str, Any] = field(default_factory=dict)
     priority: int | None = None
     program: str | None = None  # a path relative to the parent's job dir, or None = parent's
+    #: what the line stated of its request (the members it did not state are the
+    #: defaults here); None: it stated nothing and the child runs with the parent's
+    resources: Request | None = None
+    #: which members of `resources` the line stated: cpus, gpus, mem, custom
+    stated: frozenset[str] = frozenset()
+
+    def request_over(self, parent: Request) -> Request:
+        """The child's request: each member the line stated, the parent's for the rest
+        (`resources` replaces the parent's site-defined resources as a whole)."""
+        mine = self.resources
+        if mine is None:
+            return parent
+        return Request(
+            mine.cpus if "cpus" in self.stated else parent.cpus,
+            mine.gpus if "gpus" in self.stated else parent.gpus,
+            mine.mem if "mem" in self.stated else parent.mem,
+            mine.custom if "custom" in self.stated else parent.custom,
+        )
 
 
 @dataclass(frozen=True)
@@ -201,10 +220,82 @@ def parse_child(line: bytes, where: str) -> ChildDef:
         program = d.get("program")
         if program is not None and (not isinstance(program, str) or "\0" in program):
             raise InvalidOutcome("program must be a path", obj=where)
+        request, stated = child_request(d, where)
     except orjson.JSONDecodeError as e:
         raise InvalidOutcome(f"is not valid JSON ({e})", obj=where) from None
     except InvalidOutcome:
         raise
     except FlowError as e:
         raise InvalidOutcome(e.render(), obj=where) from None
-    return ChildDef(label, tag, step, params, prio, program)
+    return ChildDef(label, tag, step, params, prio, program, request, stated)
+
+
+#: the keys of a child line that state its request, and the member each one sets
+REQUEST_KEYS = {"cpus": "cpus", "gpus": "gpus", "mem": "mem", "resources": "custom"}
+
+
+def child_request(d: dict[str, Any], where: str | None) -> tuple[Request | None, frozenset[str]]:
+    """What a child line's cpus, gpus, mem (a size such as "4G", or whole megabytes) and
+    resources ({"licence": 1}) ask for, and which members they state; InvalidOutcome
+    naming the key when one is bad. (None, {}) when the line states none of them."""
+    stated = frozenset(m for k, m in REQUEST_KEYS.items() if k in d)
+    if not stated:
+        return None, stated
+    cpus = _child_count(d, "cpus", 1, where) if "cpus" in d else 1
+    gpus = _child_count(d, "gpus", 0, where) if "gpus" in d else 0
+    mem = 0
+    if "mem" in d:
+        v = d["mem"]
+        hint = "a size such as 4G, 512M or 2048 (megabytes)"
+        if isinstance(v, bool) or not isinstance(v, str | int):
+            raise InvalidOutcome(f"mem must be {hint}, not {_shown(v)}", obj=where)
+        try:
+            mem = parse_size(str(v), "mem")
+        except FlowError:
+            raise InvalidOutcome(f"mem must be {hint}, not {_shown(v)}", obj=where) from None
+    custom: list[tuple[str, int]] = []
+    if "resources" in d:
+        v = d["resources"]
+        if not isinstance(v, dict):
+            raise InvalidOutcome(
+                f'resources must be an object such as {{"licence": 1}}, not {_shown(v)}',
+                obj=where,
+            )
+        for name, n in v.items():
+            if not isinstance(name, str):
+                raise InvalidOutcome(f"resource name {name!r} is not a string", obj=where)
+            names.check_label(name, "resource name")
+            if name.lower() in RESERVED:
+                key = {"cpu": "cpus", "gpu": "gpus", "memory": "mem"}.get(name.lower())
+                raise InvalidOutcome(
+                    f"resource {name!r} has a key of its own: {key or name.lower()}",
+                    obj=where,
+                )
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_COUNT:
+                raise InvalidOutcome(
+                    f"resource {name!r} must be a whole number from 0 to {MAX_COUNT}, "
+                    f"not {_shown(n)}",
+                    obj=where,
+                )
+            if n:
+                custom.append((name, n))
+    return Request(cpus, gpus, mem, tuple(sorted(custom))), stated
+
+
+def _child_count(d: dict[str, Any], key: str, low: int, where: str | None) -> int:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_COUNT:
+        raise InvalidOutcome(
+            f"{key} must be a whole number from {low} to {MAX_COUNT}, not {_shown(v)}", obj=where
+        )
+    return v
+
+
+def _shown(v: object) -> str:
+    """A value of a line as its error names it: JSON text (a Python value that has none,
+    as the runner API may be given, by its repr), cut short."""
+    try:
+        text = orjson.dumps(v).decode(errors="replace")
+    except TypeError:
+        text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -34,7 +34,7 @@ import orjson
 from httk_flow.errors import FlowError
 from httk_flow.protocol import layout, names
 from httk_flow.protocol.fsio import fsync_dir
-from httk_flow.protocol.outcome import Action, JoinMode
+from httk_flow.protocol.outcome import Action, JoinMode, child_request
 from httk_flow.protocol.states import State
 from httk_flow.runner.context import (
     Attempt,
@@ -262,11 +262,24 @@ class Runner:
         priority: int | None = None,
         label: str | None = None,
         program: str | os.PathLike[str] | None = None,
+        cpus: int | None = None,
+        gpus: int | None = None,
+        mem: str | int | None = None,
+        resources: Mapping[str, int] | None = None,
     ) -> str:
-        """Define a child job (registered when this attempt ends with wait); its label."""
+        """Define a child job (registered when this attempt ends with wait); its label.
+
+        cpus, gpus, mem ("4G", or whole megabytes) and resources ({"licence": 1}) are
+        what each attempt of the child holds; each one left out is the parent's own
+        (resources replaces the parent's site-defined resources as a whole)."""
         self._spawns += 1
+        request: dict[str, Any] = {
+            k: v
+            for k, v in (("cpus", cpus), ("gpus", gpus), ("mem", mem), ("resources", resources))
+            if v is not None
+        }
         try:
-            child = self._child_line(tag, step, params, priority, label, program)
+            child = self._child_line(tag, step, params, priority, label, program, request)
         except FlowError as e:
             self._misuse(f"spawn: {e.render()}")
             raise RunnerError(f"spawn: {e.render()}") from None
@@ -316,6 +329,7 @@ class Runner:
         priority: int | None,
         label: str | None,
         program: str | os.PathLike[str] | None,
+        request: dict[str, Any],
     ) -> tuple[str, bytes]:
         if self.has_outcome():
             raise RunnerError("called after this attempt published its outcome")
@@ -349,6 +363,11 @@ class Runner:
             if not (os.path.isfile(path) and os.access(path, os.X_OK)):
                 raise RunnerError(f"program {path!r} is not an executable file")
             d["program"] = path
+        if request:
+            if isinstance(request.get("resources"), Mapping):
+                request["resources"] = dict(request["resources"])
+            child_request(request, None)  # the manager's own check, at the call
+            d.update(request)
         return label, orjson.dumps(d)
 
     def _check_step(self, step: str) -> None:
