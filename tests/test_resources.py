@@ -260,3 +260,15 @@ def test_slots_never_give_out_more_than_there_is(
     for b in held:
         slots.give(b)
     assert slots.free_cpus == 4 and slots.free_gpus == 3 and slots.mem_free == 4 * G
+
+
+def test_a_jsonl_request_error_names_the_line_once_and_its_key() -> None:
+    base = SubmitRequest(program="true")
+    with pytest.raises(UsageError) as e:
+        list(jsonl_requests(iter([b'{"cpus": 0}\n']), base, "jobs.jsonl"))
+    assert e.value.render() == "jobs.jsonl:1: cpus: must be from 1 to 1048576"
+    with pytest.raises(UsageError) as e:
+        Request.build(custom=["memory=4"])
+    assert e.value.render() == (
+        "flow submit: --resource 'memory=4': 'memory' has its own option; use --mem"
+    )

@@ -220,7 +220,7 @@ def _resources(data: dict[str, Any], base: Request, obj: str) -> Request:
         gpus=data.get("gpus", base.gpus),
         mem=data.get("mem"),
         custom=custom,
-        obj=obj,
+        obj=None,  # the line is named by the caller: name its keys, not flags
     )
     return dataclasses.replace(
         got,

@@ -55,9 +55,10 @@ def parse_resource(text: str, obj: str = "--resource") -> tuple[str, int]:
             "has a bad name", obj=where, hint="a name of letters, digits, _ and -"
         ) from e
     if name.lower() in RESERVED:
-        raise UsageError(
-            f"{name!r} has its own option", obj=where, hint=f"use --{name.lower().rstrip('s')}s"
+        own = {"cpu": "--cpus", "gpu": "--gpus", "memory": "--mem"}.get(
+            name.lower().rstrip("s") if name.lower() != "mem" else "memory", "--mem"
         )
+        raise UsageError(f"{name!r} has its own option", obj=where, hint=f"use {own}")
     return name, _count(count.strip(), where)
 
 
@@ -142,27 +143,31 @@ class Request:
         gpus: int | None = None,
         mem: str | int | None = None,
         custom: list[str] | dict[str, int] | None = None,
-        obj: str = "flow submit",
+        obj: str | None = "flow submit",
     ) -> Request:
-        """A request from what a user wrote (flags or a JSONL line): checked, with the
-        option it came from named in any error."""
-        c = 1 if cpus is None else _count(str(cpus), f"{obj}: --cpus", low=1)
-        g = 0 if gpus is None else _count(str(gpus), f"{obj}: --gpus")
+        """A request from what a user wrote: checked, with the option it came from named
+        in any error (`obj` None: a JSON line, whose keys are named instead of flags)."""
+
+        def at(flag: str) -> str:
+            return f"{obj}: --{flag}" if obj is not None else flag
+
+        c = 1 if cpus is None else _count(str(cpus), at("cpus"), low=1)
+        g = 0 if gpus is None else _count(str(gpus), at("gpus"))
         m = 0
         if isinstance(mem, int) and not isinstance(mem, bool):
-            m = parse_size(str(mem), f"{obj}: --mem")
+            m = parse_size(str(mem), at("mem"))
         elif isinstance(mem, str):
-            m = parse_size(mem, f"{obj}: --mem")
+            m = parse_size(mem, at("mem"))
         elif mem is not None:
-            raise UsageError("--mem must be a size such as 4G", obj=obj)
+            raise UsageError("must be a size such as 4G", obj=at("mem"))
         pairs: dict[str, int] = {}
         items = (
             [f"{k}={v}" for k, v in custom.items()] if isinstance(custom, dict) else custom or []
         )
         for item in items:
-            name, n = parse_resource(str(item), f"{obj}: --resource")
+            name, n = parse_resource(str(item), at("resource") if obj else "resources")
             if name in pairs:
-                raise UsageError(f"resource {name!r} is given twice", obj=obj)
+                raise UsageError(f"resource {name!r} is given twice", obj=obj or "resources")
             if n:
                 pairs[name] = n
         return cls(c, g, m, tuple(sorted(pairs.items())))
