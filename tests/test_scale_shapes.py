@@ -200,6 +200,21 @@ def test_the_larger_group_is_served_first_and_every_group_before_any_gets_a_seco
     ]
 
 
+def test_max_nodes_spreads_a_share_larger_than_a_node_over_several(
+    root: str, program: str, tmp_path: Path
+) -> None:
+    submit(root, program, 300)
+    batch = FakeBatch()  # knows nothing of its nodes: the user's limits decide
+    tick(root, batch, max=4, cpus_per_node=32, max_nodes=4)
+    # 300 jobs, 100 per allocation: 3 allocations of 100 jobs, 32 a node, 4 nodes
+    assert [q.profile for q in batch.requests] == [AllocationProfile(4, 32)] * 3
+    other = make_workspace(tmp_path / "other")
+    submit(other, program, 50)
+    batch = FakeBatch(NodeLimits(cpus=8, nodes=1, sources=(("cpus", "this host has 8"),)))
+    tick(other, batch, max=4, max_nodes=4)  # a backend of one node: one node
+    assert [q.profile for q in batch.requests] == [AllocationProfile(1, 8)]
+
+
 def test_a_workspace_of_one_class_with_no_limits_asks_one_job_per_allocation(
     root: str, program: str
 ) -> None:

@@ -95,7 +95,7 @@ def merged_limits(
             out[what] = theirs
             if theirs is not None:
                 sources.append((what, known.source(what)))
-    most = min(nodes, known.nodes) if known.nodes else nodes
+    most = min(nodes, known.nodes) if known.nodes is not None else nodes
     return NodeLimits(out["cpus"], out["gpus"], out["mem"], max(1, most), tuple(sources))
 
 
@@ -141,7 +141,7 @@ def fit(need: Request, jobs: int, limits: NodeLimits, offer: Offer) -> Allocatio
     have = dict(offer.custom)
     caps += [have[name] // n for name, n in need.custom]
     per_node = max(1, min(caps))
-    nodes = max(1, min(limits.nodes, math.ceil(jobs / per_node)))
+    nodes = max(1, min(limits.nodes or 1, math.ceil(jobs / per_node)))
     return AllocationProfile(nodes, per_node * need.cpus, per_node * need.gpus, per_node * need.mem)
 
 

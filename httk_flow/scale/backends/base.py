@@ -70,7 +70,8 @@ class NodeLimits:
     gpus: int | None = None
     #: bytes
     mem: int | None = None
-    nodes: int = 1
+    #: the most nodes one allocation may have (None: not known, as many as asked)
+    nodes: int | None = None
     #: where each figure came from, e.g. ("cpus", "--cpus-per-node 16"), for the reasons
     sources: tuple[tuple[str, str], ...] = ()
 
