@@ -12,6 +12,7 @@ from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
 from httk_flow.errors import UsageError
 from httk_flow.protocol.durations import compact_duration, parse_duration
+from httk_flow.protocol.resources import parse_size
 from httk_flow.scale import backends
 from httk_flow.scale.allocation_records import AllocationStore
 from httk_flow.scale.allocations import Reconciler, ScaleSettings, TickReport
@@ -74,6 +75,35 @@ _BACKENDS = sorted(backends.available())
     help="How much earlier than --drain the batch system may signal (default: the backend's own).",
 )
 @click.option(
+    "--cpus-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="The most CPUs an allocation may ask for on a node (default: one job's worth).",
+)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="The most GPUs an allocation may ask for on a node (default: one job's worth).",
+)
+@click.option(
+    "--mem-per-node",
+    default=None,
+    metavar="SIZE",
+    help="The most memory an allocation may ask for on a node, e.g. 64G "
+    "(default: one job's worth).",
+)
+@click.option(
+    "--max-nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="The most nodes one allocation may ask for; each node runs a manager.",
+)
+@click.option(
     "--backend-arg",
     *backends.submit_arg_flags(),
     "backend_args",
@@ -105,6 +135,10 @@ def scale(
     drain: str,
     max_time: str | None,
     signal_margin: str | None,
+    cpus_per_node: int | None,
+    gpus_per_node: int | None,
+    mem_per_node: str | None,
+    max_nodes: int,
     backend_args: tuple[str, ...],
     serve_args: tuple[str, ...],
     unpause: bool,
@@ -125,6 +159,10 @@ def scale(
         extra_args=backend_args,
         max_time=parse_duration(max_time, "--max-time") if max_time else None,
         margin=parse_duration(signal_margin, "--signal-margin") if signal_margin else None,
+        cpus_per_node=cpus_per_node,
+        gpus_per_node=gpus_per_node,
+        mem_per_node=parse_size(mem_per_node, "--mem-per-node") if mem_per_node else None,
+        max_nodes=max_nodes,
     )
     margin = settings.margin if settings.margin is not None else chosen.signal_margin
     for flag, wall in (("--time", settings.time), ("--max-time", settings.max_time)):
@@ -145,6 +183,8 @@ def scale(
         ):
             if items:
                 parts.append(f"{label} {len(items)}")
+                if label == "submitted" and r.submitted_shapes:
+                    parts[-1] += f" ({_shapes(r.submitted_shapes)})"
         if r.submitted and r.walltime is not None:
             parts.append(f"walltime {compact_duration(r.walltime)}")
         if r.unfit:
@@ -163,6 +203,14 @@ def scale(
         name = signal.Signals(rec.stopped_by).name
         app.echo(f"flow scale: stopped by {name}; the reconciler lease is released", err=True)
         raise SystemExit(128 + rec.stopped_by)  # as the shell reports a death by it
+
+
+def _shapes(shapes: list[str]) -> str:
+    """Shapes in words, each once with how many: `1×2 CPUs, 1G; 2 × 1×1 CPU`."""
+    seen: dict[str, int] = {}
+    for shape in shapes:
+        seen[shape] = seen.get(shape, 0) + 1
+    return "; ".join(f"{n} × {shape}" if n > 1 else shape for shape, n in seen.items())
 
 
 @click.command("allocations")
@@ -190,6 +238,9 @@ def allocations(app: App, /, all_: bool, as_json: bool) -> None:
                         "updated": r.updated,
                         "time": r.time,
                         "attempts": r.attempts,
+                        "service": r.service,
+                        "profile": r.profile.to_json() if r.profile is not None else None,
+                        "shape": r.profile.describe() if r.profile is not None else None,
                     }
                     for r in recs
                 ],
@@ -199,8 +250,20 @@ def allocations(app: App, /, all_: bool, as_json: bool) -> None:
     if paused:
         app.echo(f"paused: {paused}")
     app.table(
-        ["TOKEN", "BACKEND", "PHASE", "HANDLE", "SINCE", "REASON"],
-        [[r.token, r.backend, r.phase.value, r.handle, _when(r.updated), r.reason] for r in recs],
+        ["TOKEN", "BACKEND", "PHASE", "HANDLE", "SHAPE", "TIME", "SINCE", "REASON"],
+        [
+            [
+                r.token,
+                r.backend,
+                r.phase.value,
+                r.handle,
+                r.shape,
+                compact_duration(r.time) if r.time is not None else "-",
+                _when(r.updated),
+                r.reason,
+            ]
+            for r in recs
+        ],
     )
 
 

@@ -15,6 +15,7 @@ from httk_flow.protocol import layout
 from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.fsio import atomic_write, fs
 from httk_flow.protocol.workspace import Workspace
+from httk_flow.scale.backends.base import AllocationProfile
 
 #: when the queue was last unpaused: failures before it do not count again
 UNPAUSED = layout.ALLOC_UNPAUSED
@@ -58,11 +59,21 @@ class AllocationRecord:
     time: float | None = None
     #: attempts its manager started, as its heartbeat last said
     attempts: int = 0
+    #: the service class it was asked for (None: recorded by an older release, unshaped)
+    service: str | None = None
+    #: the shape it was asked for (None: the backend's defaults)
+    profile: AllocationProfile | None = None
 
     def to_json(self) -> bytes:
         d = asdict(self)
         d["phase"] = self.phase.value
+        d["profile"] = self.profile.to_json() if self.profile is not None else None
         return orjson.dumps(d)
+
+    @property
+    def shape(self) -> str:
+        """The profile in words (`1×2 CPUs, 1G`); `-` when it has none."""
+        return self.profile.describe() if self.profile is not None else "-"
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> AllocationRecord:
@@ -79,6 +90,8 @@ class AllocationRecord:
                 bool(d.get("ran", False)),
                 float(d["time"]) if d.get("time") is not None else None,
                 int(d.get("attempts", 0)),
+                str(d["service"]) if d.get("service") is not None else None,
+                AllocationProfile.from_json(d.get("profile")),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise FlowError(f"is not an allocation record ({e})", obj=where) from None

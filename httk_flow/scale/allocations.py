@@ -19,6 +19,7 @@ from httk_flow.protocol import layout
 from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.leases import read_managers
 from httk_flow.protocol.names import to36
+from httk_flow.protocol.services import ServiceRegistry
 from httk_flow.protocol.workspace import Workspace
 from httk_flow.scale.allocation_records import (
     AllocationRecord,
@@ -32,7 +33,9 @@ from httk_flow.scale.backends.base import (
     BackendUnavailable,
     Outcome,
     Phase,
+    node_limits,
 )
+from httk_flow.scale.shapes import Group, active_by_class, plan
 from httk_flow.scale.sizing import Demand, ScaleSettings, Sizing, idle_why
 from httk_flow.scale.stopping import StopNow, StopSignals
 
@@ -67,6 +70,10 @@ class TickReport:
     unfit_reason: str = ""
     #: allocations cancelled because they cannot serve what is queued
     replaced: list[str] = field(default_factory=list)
+    #: the shape of each submitted allocation, in the order of `submitted`
+    submitted_shapes: list[str] = field(default_factory=list)
+    #: the queued and active jobs by service class, each with the shape asked for it
+    shapes: list[dict[str, object]] = field(default_factory=list)
 
 
 class Reconciler:
@@ -90,7 +97,8 @@ class Reconciler:
         self._managers: dict[str, Liveness] = {}
         #: declared times of queued jobs, read a bounded sample per tick and kept
         self.times = TimeRequests(ws)
-        self.sizing = Sizing(settings, backend.signal_margin)
+        self.sizing = Sizing(settings, backend.signal_margin, node_limits(backend))
+        self.registry = ServiceRegistry(ws)
         #: a test seam: called with "after_submit" between the backend's answer and the
         #: record that stores it, to model a crash there
         self.fault = fault
@@ -100,8 +108,12 @@ class Reconciler:
     # -- desired -----------------------------------------------------------------
 
     def desired(self) -> Demand:
-        """The allocations the queue wants, and the walltime to ask for (scale/sizing.py)."""
-        return self.sizing.demand(workspace_status(self.ws, times=self.times, submitted_times=True))
+        """The allocations the queue wants, by service class, each with its shape and
+        walltime (scale/sizing.py): class files are read once, never a job.json per job."""
+        status = workspace_status(self.ws, times=self.times, submitted_times=True)
+        return self.sizing.demand(
+            status, classes=self.registry.get, active=active_by_class(self.ws)
+        )
 
     # -- one tick ------------------------------------------------------------------
 
@@ -114,10 +126,11 @@ class Reconciler:
             report.unavailable = e.render()
             return report  # an unavailable scheduler moves no state
         demand = self.desired()
-        want, queued = demand.want, demand.queued
-        report.desired, report.walltime = want, demand.walltime
+        report.desired, report.walltime = demand.want, demand.walltime
         report.unfit, report.unfit_reason = demand.unfit, demand.unfit_reason
-        records = self._replace_useless(records, demand, report)
+        report.shapes = [g.to_json() for g in demand.groups]
+        busy = self._busy()
+        records = self._replace_useless(records, demand, busy, report)
         active = [r for r in records if r.phase.active]
         report.active = len(active)
         # allocations still winding down count against --max until they are gone
@@ -127,13 +140,22 @@ class Reconciler:
         if paused is None:
             paused = self._failures(records)
         report.paused = paused or ""
-        if len(active) < want and not paused and not self._backing_off(records):
-            for _ in range(min(want - len(active), room)):
-                rec = self._new(demand.walltime)
+        steps = plan(
+            active,
+            demand.groups,
+            room=room,
+            minimum=min(self.settings.min, self.settings.max),
+            busy=busy,
+            fallback=demand.fallback,
+        )
+        if steps.surplus:
+            self._shrink(steps.surplus, report)
+        if steps.submit and not paused and not self._backing_off(records):
+            for group in steps.submit:
+                rec = self._new(group)
                 report.submitted.append(rec.token)
+                report.submitted_shapes.append(rec.shape)
                 self._submit(rec, report)
-        elif len(active) > want:
-            self._shrink(active, len(active) - want, queued, report)
         return report
 
     def _put(self, rec: AllocationRecord, **changes: object) -> AllocationRecord:
@@ -141,7 +163,7 @@ class Reconciler:
         self.store.save(new)
         return new
 
-    def _new(self, walltime: float | None) -> AllocationRecord:
+    def _new(self, group: Group) -> AllocationRecord:
         now = self.clock()
         rec = AllocationRecord(
             "a" + secrets.token_hex(8),
@@ -149,7 +171,9 @@ class Reconciler:
             AllocPhase.REQUESTED,
             now,
             now,
-            time=walltime,
+            time=group.walltime,
+            service=group.service,
+            profile=group.profile,
         )
         self.store.save(rec)  # the record exists before the submission does
         return rec
@@ -166,6 +190,7 @@ class Reconciler:
             s.extra_args,
             layout.allocation_logs(self.ws.root),
             s.margin,
+            rec.profile,
         )
 
     def _submit(self, rec: AllocationRecord, report: TickReport) -> AllocationRecord:
@@ -228,30 +253,40 @@ class Reconciler:
         """Why an allocation that ran started no attempt, as its manager's heartbeat tells."""
         return idle_why(self._managers.get(rec.token))
 
+    def _busy(self) -> set[str]:
+        """Allocations a live manager of which runs or drains attempts (any of its nodes)."""
+        return {
+            lv.info.allocation
+            for lv in read_managers(self.ws)
+            if lv.alive and lv.info.allocation and (lv.info.running or lv.info.draining)
+        }
+
     def _replace_useless(
-        self, records: list[AllocationRecord], demand: Demand, report: TickReport
+        self, records: list[AllocationRecord], demand: Demand, busy: set[str], report: TickReport
     ) -> list[AllocationRecord]:
-        """Cancel allocations that can serve none of the queued work (too short for every
-        request; idle when running) while an allocation it would submit can: they no
-        longer count, and the reconciler submits fitting ones in their place."""
-        if not demand.queued or demand.untimed or demand.shortest is None:
-            return records
-        need = demand.shortest
+        """Cancel allocations that can serve none of their class's queued work (too short
+        for every request; idle when running) while an allocation it would submit can:
+        they no longer count, and the reconciler submits fitting ones in their place. One
+        recorded without a class is judged by the shortest request of all."""
         out = []
         for rec in records:
+            need = _shortest_need(rec, demand)
             left = self._time_left(rec)
-            if rec.phase.active and left is not None and left < need:
-                lv = self._managers.get(rec.token)
-                busy = lv is not None and lv.alive and (lv.info.running or lv.info.draining)
-                if not busy:
-                    why = (
-                        f"cannot serve what is queued: the shortest request is "
-                        f"{compact_duration(need)}, it has {compact_duration(left)}"
-                    )
-                    cancelled = self._cancel(rec, why, report)
-                    if cancelled is not rec:
-                        report.replaced.append(rec.token)
-                    rec = cancelled
+            if (
+                rec.phase.active
+                and need is not None
+                and left is not None
+                and left < need
+                and rec.token not in busy
+            ):
+                why = (
+                    f"cannot serve what is queued: the shortest request is "
+                    f"{compact_duration(need)}, it has {compact_duration(left)}"
+                )
+                cancelled = self._cancel(rec, why, report)
+                if cancelled is not rec:
+                    report.replaced.append(rec.token)
+                rec = cancelled
             out.append(rec)
         return out
 
@@ -338,22 +373,12 @@ class Reconciler:
         wait = self.settings.backoff_base * 2.0 ** (len(streak) - 1)
         return bool(self.clock() < streak[-1].updated + wait)
 
-    def _shrink(
-        self, active: list[AllocationRecord], surplus: int, queued: int, report: TickReport
-    ) -> None:
-        """Cancel allocations no longer needed: unstarted ones first, then idle managers.
+    def _shrink(self, victims: list[AllocationRecord], report: TickReport) -> None:
+        """Cancel allocations no longer needed (shapes.plan chose them: unstarted ones
+        first, then idle managers).
 
         Every victim is marked cancelling before any is cancelled (one ordered barrier),
         so a crash in between leaves intent on disk and nothing half done."""
-        busy = {
-            lv.info.allocation
-            for lv in read_managers(self.ws)
-            if lv.alive and (lv.info.running or lv.info.draining)
-        }
-        order = sorted(active, key=lambda r: (r.phase is AllocPhase.RUNNING, -r.created))
-        victims = [r for r in order if r.token not in busy][:surplus]
-        if queued and not victims:
-            return
         marked = [
             self._put(r, phase=AllocPhase.CANCELLING, reason="no longer needed") for r in victims
         ]
@@ -409,3 +434,13 @@ class Reconciler:
                 stop.disarm()
                 lease.release()
                 self.stopped_by = stop.signum
+
+
+def _shortest_need(rec: AllocationRecord, demand: Demand) -> float | None:
+    """The shortest declared time of the queued work an allocation could serve (None: some
+    of it declares none, or none is queued): its class's; for one recorded without a
+    class, that of every class queued."""
+    groups = [g for g in demand.groups if g.queued and (rec.service in (None, g.service))]
+    if not groups or any(g.untimed or g.shortest is None for g in groups):
+        return None
+    return min(g.shortest for g in groups if g.shortest is not None)

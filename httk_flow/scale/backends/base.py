@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from httk_flow.errors import FlowError
+from httk_flow.protocol.resources import format_size
 
 
 class BackendUnavailable(FlowError):
@@ -24,6 +25,61 @@ class Phase(enum.Enum):
 
 
 @dataclass(frozen=True)
+class AllocationProfile:
+    """The shape of one allocation: how many nodes, and on each node the CPUs, GPUs and
+    memory its manager serves (one manager per node)."""
+
+    nodes: int = 1
+    cpus: int = 1
+    gpus: int = 0
+    #: bytes per node; 0: not asked for (the batch system's default applies)
+    mem: int = 0
+
+    def describe(self) -> str:
+        """As `flow allocations` shows it: `1×2 CPUs, 1G`, `2×8 CPUs, 2 GPUs, 64G`."""
+        parts = [f"{self.nodes}×{self.cpus} CPU" + "s" * (self.cpus != 1)]
+        if self.gpus:
+            parts.append(f"{self.gpus} GPU" + "s" * (self.gpus != 1))
+        if self.mem:
+            parts.append(format_size(self.mem))
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, int]:
+        return {"nodes": self.nodes, "cpus": self.cpus, "gpus": self.gpus, "mem": self.mem}
+
+    @classmethod
+    def from_json(cls, data: object) -> AllocationProfile | None:
+        """A stored profile; None for what is not one (a record of an older release)."""
+        if not isinstance(data, dict):
+            return None
+        values = [data.get(k, d) for k, d in (("nodes", 1), ("cpus", 1), ("gpus", 0), ("mem", 0))]
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+            return None
+        nodes, cpus, gpus, mem = values
+        if nodes < 1 or cpus < 1:
+            return None
+        return cls(nodes, cpus, gpus, mem)
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """The most one node of an allocation may have (None: not known), and the most nodes
+    one allocation may have: the user's, or what a backend knows of its machines."""
+
+    cpus: int | None = None
+    gpus: int | None = None
+    #: bytes
+    mem: int | None = None
+    #: the most nodes one allocation may have (None: not known, as many as asked)
+    nodes: int | None = None
+    #: where each figure came from, e.g. ("cpus", "--cpus-per-node 16"), for the reasons
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def source(self, what: str) -> str:
+        return dict(self.sources).get(what, "the backend")
+
+
+@dataclass(frozen=True)
 class AllocationRequest:
     """One manager allocation: the workspace, the token, and how to run `flow serve`."""
 
@@ -36,6 +92,8 @@ class AllocationRequest:
     log_dir: str | None = None
     #: how much earlier than `drain` the batch system may signal; None: the backend's own
     margin: float | None = None
+    #: the shape to ask for and to serve (None: the backend's defaults, detected at start)
+    profile: AllocationProfile | None = None
 
 
 class Outcome(enum.Enum):
@@ -90,6 +148,14 @@ class AllocationBackend(Protocol):
         """If this process runs inside one of this backend's allocations: its id, from the
         environment alone (nothing is asked of the batch system)."""
         ...
+
+
+def node_limits(backend: AllocationBackend) -> NodeLimits:
+    """What a backend knows of the nodes its allocations get (a backend that knows defines
+    `node_limits()`; the others know nothing)."""
+    known = getattr(backend, "node_limits", None)
+    found = known() if known is not None else None
+    return found if isinstance(found, NodeLimits) else NodeLimits()
 
 
 def adopt_by_token(

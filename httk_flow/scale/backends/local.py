@@ -17,9 +17,12 @@ import orjson
 from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write
 from httk_flow.protocol.procs import proc_start_time, process_alive
+from httk_flow.protocol.resources import format_size
 from httk_flow.scale.backends.base import (
+    AllocationProfile,
     AllocationRequest,
     BackendUnavailable,
+    NodeLimits,
     Observation,
     Outcome,
     Phase,
@@ -58,6 +61,8 @@ class LocalBackend:
             "serve",
             "-w",
             request.workspace,
+            # the inventory it was shaped to; the user's serve arguments come after it
+            *serve_resources(request.profile),
             *request.serve_args,
         ]
         try:
@@ -124,6 +129,23 @@ class LocalBackend:
     def diagnostics(self) -> dict[str, str]:
         return {"backend": self.name, "python": sys.executable}
 
+    def node_limits(self) -> NodeLimits:
+        """Every allocation is a process on this host: it has this host's CPUs (as this
+        process may use them) and memory, on one node."""
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        try:
+            mem: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            mem = None
+        gpus = _host_gpus()
+        sources = [("cpus", f"this host has {cpus}"), ("gpus", f"this host has {gpus}")]
+        if mem:
+            sources.append(("mem", f"this host has {format_size(mem)}"))
+        return NodeLimits(cpus, gpus, mem or None, 1, tuple(sources))
+
     def allocation_id(self) -> str | None:
         # its allocations are found by their token (allocation records), not from here
         return None
@@ -134,6 +156,30 @@ class LocalBackend:
             return float(value) if value else None
         except ValueError:
             return None
+
+
+def _host_gpus() -> int:
+    """GPUs this host lets its processes use: CUDA_VISIBLE_DEVICES's ids, else the
+    NVIDIA driver's; 0 when neither says (give --gpus-per-node then)."""
+    ids = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if ids is not None:
+        return len([x for x in ids.split(",") if x.strip() and x.strip() != "-1"])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def serve_resources(profile: AllocationProfile | None) -> list[str]:
+    """`flow serve` options that give a local manager the profile's inventory."""
+    if profile is None:
+        return []
+    out = ["--cpus", str(profile.cpus)]
+    if profile.mem:
+        out += ["--mem", f"{max(1, -(-profile.mem // (1 << 20)))}M"]
+    if profile.gpus:
+        out += ["--gpus", str(profile.gpus)]
+    return out
 
 
 def _split(handle: str) -> tuple[int | None, int | None]:
