@@ -53,7 +53,8 @@ class ManagerConfig:
     #: directory entries each discovery pass may visit per tick
     scan_budget: int = 2000
     log_format: Literal["text", "json"] = "text"
-    #: print one line per transition
+    #: print one line per transition and the manager's news; False (--quiet): only
+    #: problems and the summary it ends with
     verbose: bool = True
 
     def __post_init__(self) -> None:
