@@ -80,10 +80,10 @@ def test_it_passes_the_parsed_options_and_prints_the_handle(
 def test_serve_options_are_checked_as_flow_serve_would_before_submitting(
     runner: CliRunner, ws: str, fake: FakeSubmit
 ) -> None:
-    r = runner.invoke(cli, ["submit-one", "-w", ws, "--", "--bogus"])
+    r = runner.invoke(cli, ["submit-one", "-w", ws, "--", "--xyzzy"])
     assert r.exit_code == 2
     assert r.stderr == (
-        "flow: error: SERVE_OPTIONS: are not options of `flow serve`: No such option '--bogus'.\n"
+        "flow: error: SERVE_OPTIONS: are not options of `flow serve`: No such option '--xyzzy'.\n"
     )
     r = runner.invoke(cli, ["submit-one", "-w", ws, "--", "-w", "elsewhere"])
     assert r.stderr == "flow: error: SERVE_OPTIONS: may not name a workspace; pass -w before --\n"
