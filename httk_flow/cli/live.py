@@ -80,19 +80,25 @@ class LivePanel:
             return
         report = StatusReport(progress.workspace, dict(progress.counts), [], [])
         self._pace.add(report, progress.elapsed)
-        view = self._view(progress, report)
+        drawn = view(
+            progress,
+            self.command,
+            self._pace.rate,
+            self._pace.eta(report),
+            self.console.width,
+        )
         with contextlib.suppress(OSError):  # a terminal gone away stops no manager
             if self._live is None:
                 from rich.live import Live
 
                 self._flush()
                 self._live = Live(
-                    view, console=self.console, auto_refresh=False, redirect_stdout=False
+                    drawn, console=self.console, auto_refresh=False, redirect_stdout=False
                 )
                 self._live.start(refresh=True)
             else:
                 # printing the lines redraws the panel below them: one drawing either way
-                self._live.update(view, refresh=not self._pending)
+                self._live.update(drawn, refresh=not self._pending)
                 self._flush()
         if progress.final:
             self.close()
@@ -120,51 +126,53 @@ class LivePanel:
             # soft_wrap: a long line is the terminal's to wrap, copied whole from scrollback
             self.console.print(Text(text), soft_wrap=True)
 
-    def _view(self, p: Progress, report: StatusReport) -> Any:
-        from rich.console import Group
-        from rich.panel import Panel
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
 
-        counts = p.counts
-        total = report.total
-        done = sum(counts[s] for s in State if s.is_terminal)
-        width = min(self.console.width, WIDTH)
-        states = Text()
-        for s in [s for s in State if counts[s]] or [State.READY]:
-            if states:
-                states.append("   ")
-            states.append(str(counts[s]), style=f"bold {STYLE.get(s, '')}".strip())
-            states.append(f" {s.value}")
-        bar = Table.grid(padding=(0, 1), expand=True)
-        bar.add_column(ratio=1)
-        bar.add_column(justify="right", no_wrap=True)
-        bar.add_row(ProgressBar(total=max(1, total), completed=done), f"{done}/{total} done")
-        eta = self._pace.eta(report)
-        pace = Text(f"{self._pace.rate:.1f} jobs/s")
-        pace.append(f"   ETA {format_duration(eta)}" if eta else "   ETA -")
-        pace.append(f"   elapsed {format_duration(p.elapsed)}")
-        pace.append(
-            f"   here: {p.succeeded} succeeded, {p.failed} failed, {p.attempts} attempts",
-            style="dim",
-        )
-        rows = Table(box=None, padding=(0, 1), expand=True, show_edge=False, pad_edge=False)
-        rows.add_column("RUNNING", ratio=1, no_wrap=True, overflow="ellipsis")
-        rows.add_column("ELAPSED", justify="right", no_wrap=True)
-        rows.add_column("MANAGER", no_wrap=True)
-        for r in p.running:
-            rows.add_row(r.key, format_duration(r.elapsed), r.manager)
-        more = counts[State.RUNNING] - len(p.running)
-        parts: list[Any] = [states, bar, pace]
-        if p.running:
-            parts += [Text(), rows]
-        if more > 0:
-            parts.append(Text(f"... and {more} more running", style="dim"))
-        state = " (draining)" if p.draining else " (stopped)" if p.final else ""
-        return Panel(
-            Group(*parts),
-            title=f"flow {self.command}: manager {p.manager}, {p.workers} worker(s){state}",
-            subtitle=p.workspace,
-            width=width,
-        )
+def view(p: Progress, command: str, rate: float, eta: float | None, width: int) -> Any:
+    """The panel of one report: jobs by state, a bar of the finished ones, the pace and
+    the ETA (`rate` jobs/s; no ETA once stopped), and the running jobs p names."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    counts = p.counts
+    total = sum(counts.values())
+    done = sum(counts[s] for s in State if s.is_terminal)
+    states = Text()
+    for s in [s for s in State if counts[s]] or [State.READY]:
+        if states:
+            states.append("   ")
+        states.append(str(counts[s]), style=f"bold {STYLE.get(s, '')}".strip())
+        states.append(f" {s.value}")
+    bar = Table.grid(padding=(0, 1), expand=True)
+    bar.add_column(ratio=1)
+    bar.add_column(justify="right", no_wrap=True)
+    bar.add_row(ProgressBar(total=max(1, total), completed=done), f"{done}/{total} done")
+    # one line however narrow the terminal: what does not fit is cut
+    pace = Text(f"{rate:.1f} jobs/s", no_wrap=True, overflow="ellipsis")
+    pace.append(f"  ETA {format_duration(eta)}" if eta and not p.final else "  ETA -")
+    pace.append(f"  elapsed {format_duration(p.elapsed)}")
+    pace.append(
+        f"  here: {p.succeeded} succeeded, {p.failed} failed, {p.attempts} attempts",
+        style="dim",
+    )
+    rows = Table(box=None, padding=(0, 1), expand=True, show_edge=False, pad_edge=False)
+    rows.add_column("RUNNING", ratio=1, no_wrap=True, overflow="ellipsis")
+    rows.add_column("ELAPSED", justify="right", no_wrap=True)
+    rows.add_column("MANAGER", no_wrap=True)
+    for r in p.running:
+        rows.add_row(r.key, format_duration(r.elapsed), r.manager)
+    more = counts[State.RUNNING] - len(p.running)
+    parts: list[Any] = [states, bar, pace]
+    if p.running:
+        parts += [Text(), rows]
+    if more > 0:
+        parts.append(Text(f"... and {more} more running", style="dim"))
+    state = " (stopped)" if p.final else " (draining)" if p.draining else ""
+    return Panel(
+        Group(*parts),
+        title=f"flow {command}: manager {p.manager}, {p.workers} worker(s){state}",
+        subtitle=p.workspace,
+        width=min(width, WIDTH),
+    )

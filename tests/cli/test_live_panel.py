@@ -5,6 +5,7 @@ summary with -q; and `flow status --watch` redrawn in place on a terminal."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import re
@@ -14,9 +15,18 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from helpers import wait_for
-from manager.support import FLOW, submit, write_script
+from manager.support import FLOW, Managers, submit, write_script
+from rich.console import Console
+
+from httk_flow.cli import live
+from httk_flow.manager.config import ManagerConfig
+from httk_flow.manager.log import REPORT_EVERY, Progress, ProgressFeed, RunningJob
+from httk_flow.manager.loop import Manager
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,6 +53,105 @@ def jobs(root: str, scripts: Path, ok: int, bad: int = 0) -> None:
         submit(root, program, tag=f"ok{i}")
     for i in range(bad):
         submit(root, write_script(scripts, "bad.sh", FAIL), tag=f"bad{i}")
+
+
+# -- what the manager feeds a reporter ----------------------------------------------------
+
+
+class Recorder:
+    """A reporter that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.reports: list[Progress] = []
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+    def progress(self, progress: Progress) -> None:
+        self.reports.append(progress)
+
+
+def test_a_manager_feeds_its_reporter_the_failures_its_news_and_a_last_report(
+    ws: str, scripts: Path
+) -> None:
+    jobs(ws, scripts, ok=3, bad=1)
+    workspace = Workspace.open(ws)
+    rec = Recorder()
+    try:
+        m = Manager(workspace, ManagerConfig(workers=2, exit_when_idle=0), reporter=rec)
+        assert m.run(install_signals=False) == 1
+    finally:
+        workspace.close()
+    serving, failed, summary = rec.lines
+    assert serving.endswith(f" {m.id} manager {m.id} serving {workspace.root} with 2 worker(s)")
+    assert TRANSITION.match(failed) and failed.endswith(" committing -> failed (fail: broken)")
+    assert SUMMARY.match(summary) and summary.endswith(" 3 succeeded, 1 failed")
+    *during, last = rec.reports
+    assert last.final and not any(r.final for r in during)
+    assert (last.succeeded, last.failed, last.attempts, last.running) == (3, 1, 4, ())
+    assert {s: n for s, n in last.counts.items() if n} == {State.SUCCEEDED: 3, State.FAILED: 1}
+    # between two counts, the manager's own moves keep the counts whole
+    assert all(sum(r.counts.values()) == 4 for r in rec.reports)
+    rows = [row for r in during for row in r.running]
+    assert rows and all(row.manager == m.id and row.key.startswith(("ok", "bad")) for row in rows)
+    gaps = [b.elapsed - a.elapsed for a, b in itertools.pairwise(during)]
+    assert all(g >= REPORT_EVERY * 0.99 for g in gaps), gaps
+
+
+def test_a_report_names_the_jobs_other_managers_run(
+    ws: str, scripts: Path, managers: Managers
+) -> None:
+    submit(ws, write_script(scripts, "long.sh", "sleep 30\n"), tag="long")
+    other = managers.start(ws, command="serve", workers=1)
+    workspace = Workspace.open(ws)
+    rec = Recorder()
+    feed = ProgressFeed(workspace, "mhere", 1, rec)
+
+    def running() -> bool:
+        feed.send(succeeded=0, failed=0, attempts=0, running=[], draining=False, final=True)
+        return bool(rec.reports[-1].running)
+
+    try:
+        wait_for(running, 30, interval=0.2)
+    finally:
+        workspace.close()
+    [row] = rec.reports[-1].running
+    ids = {m["id"] for m in orjson.loads(flow_json(ws, "managers"))["managers"]}
+    assert row.key.startswith("long--") and row.manager in ids and row.manager != "mhere"
+    assert 0 <= row.elapsed < 30
+    assert rec.reports[-1].counts[State.RUNNING] == 1
+    assert other.poll() is None
+
+
+def flow_json(ws: str, *args: str) -> str:
+    return subprocess.run(
+        [*FLOW, *args, "-w", ws, "--json"], capture_output=True, text=True, env=env(), timeout=60
+    ).stdout
+
+
+def test_the_panel_shows_counts_pace_and_the_running_jobs_of_every_manager() -> None:
+    counts = dict.fromkeys(State, 0) | {State.READY: 20, State.RUNNING: 4, State.SUCCEEDED: 10}
+    rows = (
+        RunningJob("relax-Si--" + "a" * 32, 3.25, "mhere"),
+        RunningJob("b" * 32, 75.0, "mthere"),
+    )
+    report = Progress("mhere", "/w/campaign", 2, 12.5, counts, 9, 0, 11, rows, False)
+    out = Console(width=80, no_color=True, record=True, file=io.StringIO())
+    out.print(live.view(report, "run", 0.8, 30.0, 80))
+    # with colour off the bar's remainder is blank
+    assert out.export_text() == (
+        "╭──────────────────── flow run: manager mhere, 2 worker(s) ────────────────────╮\n"
+        "│ 20 ready   4 running   10 succeeded                                          │\n"
+        "│ ━━━━━━━━━━━━━━━━━━━                                               10/34 done │\n"
+        "│ 0.8 jobs/s  ETA 30s  elapsed 12s  here: 9 succeeded, 0 failed, 11 attempts   │\n"
+        "│                                                                              │\n"
+        "│ RUNNING                                                     ELAPSED  MANAGER │\n"
+        "│ relax-Si--aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa                     3.2s  mhere   │\n"
+        "│ bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb                              1m15s  mthere  │\n"
+        "│ ... and 2 more running                                                       │\n"
+        "╰──────────────────────────────── /w/campaign ─────────────────────────────────╯\n"
+    )
 
 
 # -- into a pipe ------------------------------------------------------------------------
