@@ -66,12 +66,17 @@ class LivePanel:
         self._done = False
         self._pending: list[str] = []
         self._flushed = -1e18
+        #: writing to the terminal: a line that comes meanwhile (from a signal handler)
+        #: waits for the next write rather than land inside this one
+        self._writing = False
         self._pace = Throughput(window=PACE_WINDOW)
 
     # -- the Reporter ---------------------------------------------------------------
 
     def line(self, text: str) -> None:
         self._pending.append(text)
+        if self._writing:
+            return
         if self._live is None or time.monotonic() - self._flushed >= FLUSH_EVERY:
             self._flush()
 
@@ -87,7 +92,7 @@ class LivePanel:
             self._pace.eta(report),
             self.console.width,
         )
-        with contextlib.suppress(OSError):  # a terminal gone away stops no manager
+        with self._write():
             if self._live is None:
                 from rich.live import Live
 
@@ -105,13 +110,22 @@ class LivePanel:
 
     # -- the rest ---------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        was, self._writing = self._writing, True
+        try:
+            with contextlib.suppress(OSError):  # a terminal gone away stops no manager
+                yield
+        finally:
+            self._writing = was
+
     def close(self) -> None:
         """Print what is left and leave the last panel on the screen; lines after this
         (the manager's summary) are printed below it."""
         self._flush()
         self._done = True
         if self._live is not None:
-            with contextlib.suppress(OSError):
+            with self._write():
                 self._live.stop()
             self._live = None
 
@@ -122,7 +136,7 @@ class LivePanel:
         from rich.text import Text
 
         text, self._pending = "\n".join(self._pending), []
-        with contextlib.suppress(OSError):
+        with self._write():
             # soft_wrap: a long line is the terminal's to wrap, copied whole from scrollback
             self.console.print(Text(text), soft_wrap=True)
 

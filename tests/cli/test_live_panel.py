@@ -363,6 +363,31 @@ def test_on_a_terminal_a_run_shows_one_live_panel_with_the_failures_above_it(
     assert len(whole) < 30  # not five lines a job
 
 
+def test_a_drain_and_a_problem_are_printed_above_the_panel_of_flow_serve(
+    ws: str, scripts: Path, pane: Pane
+) -> None:
+    program = write_script(scripts, "long.sh", "sleep 60\n")
+    for _ in range(2):
+        submit(ws, program)
+    (Path(ws) / ".flow" / "state" / "submitted" / "notes.txt").write_text("not a marker\n")
+    pane.start([*FLOW, "serve", "-w", ws, "--workers", "2"])
+    pane.wait(lambda s: len(ROW.findall(s)) == 2 and "problem: " in s)
+    pane.keys("C-c")
+    assert pane.exit_status() == 0
+    whole = lines_of(pane.screen(history=True))
+    [top] = [i for i, line in enumerate(whole) if line.startswith("╭")]
+    [bottom] = [i for i, line in enumerate(whole) if line.startswith("╰")]
+    above, panel, below = whole[:top], "\n".join(whole[top : bottom + 1]), whole[bottom + 1 :]
+    assert "serving" in above[0]
+    assert any(
+        line.endswith("notes.txt: is not a marker of the grammar (or not a file)") for line in above
+    ), above
+    assert above[-1].endswith(" draining (signal SIGINT): no new claims; stopping 2 attempt(s)")
+    assert "flow serve: manager m" in panel and "(stopped)" in panel and "2 ready" in panel
+    assert len(below) == 2 and below[0].endswith(" stopped: 0 succeeded, 0 failed"), whole
+    assert below[1] == "[exit 0]"
+
+
 def test_no_color_keeps_the_panel_and_drops_its_colours(ws: str, scripts: Path, pane: Pane) -> None:
     jobs(ws, scripts, ok=6)
     pane.start([*FLOW, "run", "-w", ws, "--workers", "2"], NO_COLOR="1")
