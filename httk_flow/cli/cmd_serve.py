@@ -107,7 +107,7 @@ def _serve(app: App, command: str, idle: str | None, flags: dict[str, Any]) -> N
     if verbose and flags["quiet"]:
         raise UsageError("cannot be given together", obj="-v/--verbose and -q/--quiet")
     cfg = _config(idle, **flags)
-    show = live.wanted(verbose=verbose, quiet=cfg.verbose is False, log_format=cfg.log_format)
+    show = live.wanted(verbose=verbose, quiet=not cfg.verbose, log_format=cfg.log_format)
     with live.panel(app, command, show) as reporter:
         code = Manager(app.ws, cfg, reporter=reporter).run()
     raise SystemExit(code)
