@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
+from httk_flow.cli import live
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
+from httk_flow.errors import UsageError
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
 from httk_flow.scale import backends
@@ -59,7 +61,19 @@ def _options(f: Any) -> Any:
                 "joined first (depth), or in the order they came (breadth).",
             ),
             click.option("--log-format", type=click.Choice(["text", "json"]), default="text"),
-            click.option("--quiet", is_flag=True, help="No log line per transition."),
+            click.option(
+                "-q",
+                "--quiet",
+                is_flag=True,
+                help="Only problems and the summary at the end: no panel, no transition lines.",
+            ),
+            click.option(
+                "-v",
+                "--verbose",
+                is_flag=True,
+                help="A log line per transition, also on a terminal (instead of the live "
+                "panel); off a terminal that is always so.",
+            ),
             click.option(
                 "--drain-timeout",
                 default="60s",
@@ -144,6 +158,19 @@ def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
     )
 
 
+def _serve(app: App, command: str, idle: str | None, flags: dict[str, Any]) -> NoReturn:
+    """Run the manager: under the live panel when stderr is a terminal (live.wanted),
+    else writing its log lines there."""
+    verbose = flags.pop("verbose")
+    if verbose and flags["quiet"]:
+        raise UsageError("cannot be given together", obj="-v/--verbose and -q/--quiet")
+    cfg = _config(idle, **flags)
+    show = live.wanted(verbose=verbose, quiet=not cfg.verbose, log_format=cfg.log_format)
+    with live.panel(app, command, show) as reporter:
+        code = Manager(app.ws, cfg, reporter=reporter).run()
+    raise SystemExit(code)
+
+
 @click.command("serve")
 @click.option(
     "--exit-when-idle",
@@ -159,8 +186,7 @@ def _config(exit_when_idle: str | None, **flags: Any) -> ManagerConfig:
 @click.pass_obj
 def serve(app: App, /, idle: str | None, **kw: Any) -> None:
     """Run a manager until stopped: the first SIGTERM/SIGINT drains, a second exits."""
-    cfg = _config(idle, **kw)
-    raise SystemExit(Manager(app.ws, cfg).run())
+    _serve(app, "serve", idle, kw)
 
 
 @click.command("run")
@@ -177,5 +203,4 @@ def serve(app: App, /, idle: str | None, **kw: Any) -> None:
 @click.pass_obj
 def run(app: App, /, idle: str, **kw: Any) -> None:
     """`flow serve --exit-when-idle`: exit 0 when done, 1 if any job it ran failed."""
-    cfg = _config(idle, **kw)
-    raise SystemExit(Manager(app.ws, cfg).run())
+    _serve(app, "run", idle, kw)

@@ -65,7 +65,8 @@ class ManagerConfig:
     #: directory entries each discovery pass may visit per tick
     scan_budget: int = 2000
     log_format: Literal["text", "json"] = "text"
-    #: print one line per transition
+    #: print one line per transition and the manager's news; False (--quiet): only
+    #: problems and the summary it ends with
     verbose: bool = True
     #: the CPUs, GPUs, memory and site resources attempts share (None: `workers` CPUs
     #: and what the environment shows of the rest)

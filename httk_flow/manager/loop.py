@@ -23,7 +23,7 @@ from httk_flow.manager.joins import JoinPass
 from httk_flow.manager.launcher import proc_start_time
 from httk_flow.manager.leftover import EXIT_WORK_LEFT, Leftover, leftover
 from httk_flow.manager.local import LocalAttempts
-from httk_flow.manager.log import ManagerLog
+from httk_flow.manager.log import ManagerLog, ProgressFeed, Reporter
 from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.passes import PassContext, RecoveryPass, RegisterPass
 from httk_flow.manager.slots import Slots
@@ -61,15 +61,20 @@ class Manager:
         config: ManagerConfig,
         *,
         clock: Callable[[], float] | None = None,
+        reporter: Reporter | None = None,
     ) -> None:
+        """`reporter`: a live display to feed (its lines and its progress), if any."""
         self.ws = ws
         self.config = config
         #: this host's clock: walltime ends and kill graces are measured in it
         self.clock = clock or time.time
         self.id = "m" + to36(secrets.randbits(48))
         self.lease = config.lease or ws.policy.lease
-        self.log = ManagerLog(self.id, config.log_format, enabled=config.verbose)
+        self.log = ManagerLog(self.id, config.log_format, enabled=config.verbose, reporter=reporter)
         ws.on_transition.append(self.log.observe)  # one log line per transition, by itself
+        self.feed = ProgressFeed(ws, self.id, config.workers, reporter) if reporter else None
+        if self.feed is not None:
+            ws.on_transition.append(self.feed.observe)
         self.started = self.clock()
         self._start_time = proc_start_time(os.getpid()) or 0
         self._last_beat = -1e18
@@ -350,6 +355,7 @@ class Manager:
                 if drains_at is not None and not self.draining and self.clock() >= drains_at:
                     self.begin_drain("walltime reached")
                 result = self.tick()
+                self._report()
                 if self.draining:
                     if not self.local:
                         break
@@ -381,10 +387,11 @@ class Manager:
             if not self.local:
                 mark_stopped(self.ws, self.id)
             self.heartbeat(force=True)
+            self._report(final=True)
             if self.left:
                 # said even under --quiet: it is why the exit status is not 0
                 self.log.problem("stopped with work left", self.left.describe())
-            self.log.info(
+            self.log.summary(
                 f"manager {self.id} stopped: {self.succeeded_jobs} succeeded, "
                 f"{self.failed_jobs} failed"
             )
@@ -392,6 +399,21 @@ class Manager:
         if self.failed_jobs or self.recovery.failed or self._stop_now:
             return 1
         return EXIT_WORK_LEFT if self.left else 0
+
+    def _report(self, final: bool = False) -> None:
+        """Feed the reporter this manager's own numbers, when one is due (or the last)."""
+        feed = self.feed
+        if feed is None or not (final or feed.due()):
+            return
+        now = time.monotonic()
+        feed.send(
+            succeeded=self.succeeded_jobs,
+            failed=self.failed_jobs,
+            attempts=self.attempts_started,
+            running=[(key, now - la.opened) for key, la in self.local.by_key.items()],
+            draining=self.draining,
+            final=final,
+        )
 
     def _wait_leftovers(self) -> None:
         """Before exiting, give what ended attempts left behind its grace, then KILL it."""
