@@ -73,4 +73,5 @@ def demo_cmd(app: App, /, path: str, workers: int) -> None:
     app.echo(f"three-step results: {len(res.relax_results)} files, e.g. {res.relax_results[0]}")
     app.echo(f"explore: flow -w {res.workspace} status | list | show campaign | history campaign")
     if res.exit_code:
+        app.echo(f"the manager exited with status {res.exit_code}; its log: {res.manager_log}")
         raise SystemExit(res.exit_code)

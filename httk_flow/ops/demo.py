@@ -71,8 +71,12 @@ class DemoResult:
     campaign_results: str
     relax_results: list[str]
     exit_code: int
+    #: where the demo's manager wrote its lines (its summary, any problem)
+    manager_log: str = ""
 
 
+#: in the demo workspace: the log of the manager the demo ran
+MANAGER_LOG = "demo-manager.log"
 #: the placement directory of the demo's fan-out job: its presence means the demo was built
 CAMPAIGN_PLACEMENT = "demo/campaign"
 
@@ -151,7 +155,11 @@ def run(
         "--quiet",
     ]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd)
+    # the manager's own lines (its summary, any problem) go to a file: on the terminal
+    # they would land inside the demo's live display
+    log_path = os.path.join(ws.root, MANAGER_LOG)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     try:
         while proc.poll() is None:
             if on_tick:
@@ -170,4 +178,5 @@ def run(
         os.path.join(camp_dir, "results.csv"),
         [os.path.join(d, "result.csv") for d in relax_dirs],
         proc.returncode,
+        log_path,
     )

@@ -17,8 +17,9 @@ import pytest
 from helpers import wait_for
 
 from httk_flow.protocol.resources import Request
+from httk_flow.protocol.states import State
 
-from .support import FLOW, Managers, log_of, submit, write_script
+from .support import FLOW, Managers, job, log_of, submit, write_script
 
 #: stamps "start T CPUS CPU_LIST GPUS PID" and "end T" into $STAMPS/<job id>.<attempt>
 STAMP = r"""
@@ -235,6 +236,10 @@ def test_a_large_job_reserves_what_it_needs_after_waiting(
     )
     wait_for(lambda: any(stamps.iterdir()) or p.poll() is not None, 20)
     [big] = submit(root, prog, 1, priority=8, resources=Request(cpus=2))
+    # registered (ready, seen by the manager) before the small ones exist, so it is the
+    # best candidate that does not fit when they come
+    wait_for(lambda: job(root, big).state is State.READY or p.poll() is not None, 20)
+    time.sleep(0.3)
     small = submit(root, prog, 6, priority=1)
     wait_for(lambda: len(list(stamps.iterdir())) == 8 or p.poll() is not None, 60, 0.1)
     wait_for(lambda: all(s["end"] for s in _stamps(stamps)), 30, 0.1)
