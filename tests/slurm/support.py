@@ -22,8 +22,21 @@ SCRIPT_DIRS = tuple(
     for p in (os.environ.get("LOCAL_SLURM_SCRIPTS"), Path(__file__).resolve().parent / "cluster")
     if p
 )
-#: job states of a job that still holds (or waits for) its allocation
-LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"})
+#: job states of a job that still holds (or waits for) its allocation; SIGNALING is shown
+#: while Slurm delivers a signal (its walltime TERM among them), before the job ends
+LIVE = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "SUSPENDED",
+        "REQUEUED",
+        "RESIZING",
+    }
+)
 
 
 def script_dir() -> Path:
