@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from httk_flow.protocol import layout
-from httk_flow.protocol.procs import group_members_alive, proc_start_time, process_alive
+from httk_flow.protocol.procs import group_alive, proc_start_time, process_alive
 
 __all__ = [
     "GATE_CLOSED",
@@ -192,15 +192,3 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
     except PermissionError:
         return True  # exists but not ours: never claim it is gone
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a live (not exited) process remains in the process group."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # killpg also succeeds for exited members nobody has collected yet
-    return group_members_alive(pgid)

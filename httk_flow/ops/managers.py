@@ -9,7 +9,6 @@ heartbeat, which says what it ran when it last wrote one.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,6 @@ from httk_flow.protocol.frames import AttemptRecord, Frame
 from httk_flow.protocol.handles import JobHandle
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.leases import Liveness, ManagerInfo, read_managers
-from httk_flow.protocol.procs import group_members_alive
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -368,14 +366,3 @@ def look(ws: Workspace, managers: list[Liveness] | None = None) -> ManagerLook:
         else {}
     )
     return ManagerLook(managers, held, dead_holds(ws, held, by_id, now), now, tokens)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group `pgid` that has not exited remains on this host."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return group_members_alive(pgid)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, TransitionConflict, UsageError
-from httk_flow.ops.managers import START_ONE, clock, group_alive, lease_wait
+from httk_flow.ops.managers import START_ONE, clock, lease_wait
 from httk_flow.protocol import names, requests
 from httk_flow.protocol.children import child_placement
 from httk_flow.protocol.crash import crash_point
@@ -22,6 +22,7 @@ from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.frames import AttemptRecord, Last, LastKind
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.leases import Liveness, read_managers
+from httk_flow.protocol.procs import group_alive
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace

@@ -62,3 +62,15 @@ def group_members_alive(pgid: int) -> bool:
         if fields and len(fields) > 2 and fields[2] == str(pgid).encode() and not _exited(fields):
             return True
     return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (not exited) process remains in the process group on this host."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg also succeeds for exited members nobody has collected yet
+    return group_members_alive(pgid)
