@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -12,7 +13,9 @@ import click
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
 from httk_flow.errors import UsageError
+from httk_flow.ops import depend
 from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
+from httk_flow.protocol.after import AfterPolicy
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
 from httk_flow.protocol.jobspec import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRIES
@@ -225,6 +228,21 @@ class SubmitCommand(click.Command):
     metavar="FILE.jsonl",
     help="One job per JSON line ('-' = stdin).",
 )
+@click.option(
+    "--after",
+    "after",
+    multiple=True,
+    metavar="SELECTOR",
+    help="Start only after these jobs end: a job, tag:TAG or group:NAME (repeatable).",
+)
+@click.option(
+    "--after-policy",
+    default="ok",
+    show_default=True,
+    type=click.Choice([p.value for p in AfterPolicy]),
+    help="When a dependency does not succeed: ok cancels this job, fail fails it, wait "
+    "keeps it waiting (a failed one may be resumed), any runs it anyway.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
@@ -245,6 +263,8 @@ def submit(
     array: str | None,
     from_file: str | None,
     input_max: str | None,
+    after: tuple[str, ...],
+    after_policy: str,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -266,6 +286,9 @@ def submit(
         **opts,
     )
     ws = app.ws
+    if after:
+        deps = depend.prepare(ws, after, AfterPolicy(after_policy), actor="submit")
+        base = dataclasses.replace(base, after=deps.after)
     submitter = Submitter(ws)
     with ExitStack() as stack:
         make: Callable[[], Iterator[SubmitRequest]]

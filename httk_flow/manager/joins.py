@@ -82,6 +82,8 @@ class JoinPass:
         n = 0
         now = time.monotonic()
         for h in self.stream.next_batch(budget, self.ctx.heartbeat):
+            if h.marker.after:
+                continue  # waits for dependencies, not children: released by their ends
             known = self._open.get(h.key)
             if busy and known is not None and now - known.read_at < JOIN_RECHECK:
                 continue

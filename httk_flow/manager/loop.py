@@ -17,6 +17,7 @@ from httk_flow.errors import FlowError, UsageError
 from httk_flow.manager.claim import ClaimPass
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
+from httk_flow.manager.dependencies import DependencyPass
 from httk_flow.manager.inbox import RequestInbox
 from httk_flow.manager.inventory import detect
 from httk_flow.manager.joins import JoinPass
@@ -136,6 +137,7 @@ class Manager:
         self.register = RegisterPass(ctx, on_ready=self.claim.offer)
         # a join this manager releases is a continuation it keeps, as its own commits are
         self.joins = JoinPass(ctx, on_ready=self.claim.offer_own)
+        self.dependencies = DependencyPass(ctx)
         self.recovery = RecoveryPass(
             ctx,
             self.oracle,
@@ -244,6 +246,7 @@ class Manager:
         actions += self.recovery.run(budget)
         finished = self._reap()
         actions += self.joins.run(budget, busy=bool(self.local))
+        actions += self.dependencies.run()
         actions += self.inbox.sweep(self._mine)
         started = 0
         free = self.config.workers - len(self.local)

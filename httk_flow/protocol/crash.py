@@ -32,6 +32,10 @@ POINTS = (
     "cancel.after_signal",
     "request.after_claim",
     "request.after_apply",
+    "after.before_count",
+    "after.after_count",
+    "after.after_decide",
+    "after.before_released",
 )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from httk_flow.errors import FlowError, InvalidJob
 from httk_flow.protocol import layout
+from httk_flow.protocol.after import verdict
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import Body, Failure, Frame
 from httk_flow.protocol.fsio import fs
@@ -67,7 +68,26 @@ def register(
         return fail(ws, job, frame, "protocol_error", e.render(), actor=actor)
     if specs is not None:
         specs[job.key] = spec
+    if spec.after:
+        return _register_after(ws, job, frame, spec, actor)
     return transition(ws, job, State.READY, frame.body.carry(), actor=actor)
+
+
+def _register_after(
+    ws: Workspace, job: JobHandle, frame: Frame, spec: JobSpec, actor: str
+) -> JobHandle:
+    """A dependent goes where its sets send it, decided before the one rename: whoever
+    decides a set later finds it waiting, or registers it itself (protocol.md §14)."""
+    v = verdict(ws, spec.after)
+    if v.kind == "ready":
+        return transition(ws, job, State.READY, frame.body.carry(why=v.reason), actor=actor)
+    if v.kind == "cancel":
+        body = frame.body.carry(why="dependency not met", reason=v.reason)
+        return transition(ws, job, State.CANCELLED, body, actor=actor)
+    if v.kind == "fail":
+        return fail(ws, job, frame, "dependency_failure", v.reason, actor=actor)
+    body = frame.body.carry(why="after", message=v.reason)
+    return transition(ws, job, State.WAITING, body, actor=actor, after=True)
 
 
 def fail(

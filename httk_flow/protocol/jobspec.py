@@ -10,6 +10,7 @@ import orjson
 
 from httk_flow.errors import FlowError, InvalidJob
 from httk_flow.protocol import names
+from httk_flow.protocol.after import After, afters_from_json
 from httk_flow.protocol.resources import DEFAULT_REQUEST, Request
 
 JOB_FORMAT = "httk-flow/job/1"
@@ -83,6 +84,8 @@ class JobSpec:
     time_limit_factor: float = 1.0
     #: what each attempt holds while it runs (CPUs, GPUs, memory, site resources)
     resources: Request = DEFAULT_REQUEST
+    #: the dependency sets it waits for before its first attempt (protocol.md §14)
+    after: tuple[After, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def time_limit_after(self, timeouts: int) -> float | None:
@@ -131,6 +134,8 @@ class JobSpec:
             d.update(time_limit=self.time_limit, time_limit_factor=self.time_limit_factor)
         if not self.resources.is_default:
             d["resources"] = self.resources.to_json()
+        if self.after:
+            d["after"] = [a.to_json() for a in self.after]
         return d
 
     def to_json(self) -> bytes:
@@ -185,7 +190,7 @@ _KNOWN = frozenset(
     (
         "format id key tag name program args step params priority placement pool requires "
         "time retries max_attempts workdir require_outcome parent array_index created "
-        "time_limit time_limit_factor resources"
+        "time_limit time_limit_factor resources after"
     ).split()
 )
 
@@ -325,5 +330,6 @@ def _parse(data: object) -> JobSpec:
         time_limit=float(time_limit) if time_limit is not None else None,
         time_limit_factor=float(factor),
         resources=Request.from_json(data.get("resources"), "resources"),
+        after=afters_from_json(data.get("after"), "after"),
         extra={k: v for k, v in data.items() if k not in _KNOWN},
     )

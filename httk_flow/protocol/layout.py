@@ -412,3 +412,23 @@ def children_file(outcome_dir: str) -> str:
 def duplicate_file(outcome_dir: str) -> str:
     """Made in outcome.ready by a runner that published twice: a protocol error."""
     return os.path.join(outcome_dir, "duplicate")
+
+
+def after_dir(root: str) -> str:
+    """Dependency sets (`flow submit --after`), one directory each (protocol.md §14)."""
+    return os.path.join(root, FLOW_DIR, "after")
+
+
+def after_set_dir(root: str, set_id: str) -> str:
+    """One dependency set: set.json, pending/, ended/, dependents, broken, released."""
+    return os.path.join(after_dir(root), set_id)
+
+
+def watch_dir(root: str) -> str:
+    """Which sets wait for a job: watch/<member key>/<set>.<policy>, while it has not ended."""
+    return os.path.join(root, FLOW_DIR, "watch")
+
+
+def watch_member(root: str, key: str) -> str:
+    """The sets one job's end is counted in."""
+    return os.path.join(watch_dir(root), key)

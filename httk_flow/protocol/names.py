@@ -24,7 +24,7 @@ REF_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<seg>{_B36})-(?P<off>{_B36})")
 MARKER_RE = re.compile(
     rf"(?P<key>(?:{_TAG}--)?{_ID})\.p(?P<prio>[0-9]{{3}})\.g(?P<gen>{_B36})"
     rf"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{{0,12}}))?(?:\.c(?P<cls>[0-9a-z]{{1,16}}))?"
-    rf"\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
+    rf"(?P<aft>\.a)?\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
 )
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
@@ -202,6 +202,9 @@ class Marker:
     ref: RecordRef
     not_before: int = 0  # unix seconds; 0 = claimable now
     service: str = ""  # service class; "" = any manager of the default pool
+    #: `.a`: the job waits for dependencies not yet met (protocol.md §14), so the join
+    #: scan passes it by its name alone
+    after: bool = False
     #: the file name, built once: every path of the marker needs it (init=False, so
     #: dataclasses.replace never carries a stale one over)
     _name: str = field(default="", init=False, compare=False, repr=False)
@@ -219,7 +222,9 @@ class Marker:
         m = MARKER_RE.fullmatch(name)
         if m is None:
             return None
-        key, prio, gen, nb, service, ref = m.group("key", "prio", "gen", "nb", "cls", "ref")
+        key, prio, gen, nb, service, aft, ref = m.group(
+            "key", "prio", "gen", "nb", "cls", "aft", "ref"
+        )
         writer, seg, off = ref.split("-")  # the grammar already checked each part
         marker = cls(
             key,
@@ -228,6 +233,7 @@ class Marker:
             RecordRef(writer, int(seg, 36), int(off, 36)),
             int(nb, 36) if nb else 0,
             service or "",
+            aft is not None,
         )
         object.__setattr__(marker, "_name", name)  # the grammar is canonical: one spelling
         return marker
@@ -237,7 +243,8 @@ class Marker:
         if not self._name:
             nb = f".t{to36(self.not_before)}" if self.not_before else ""
             c = f".c{self.service}" if self.service else ""
-            name = f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}{c}.{self.ref}"
+            a = ".a" if self.after else ""
+            name = f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}{c}{a}.{self.ref}"
             object.__setattr__(self, "_name", name)
         return self._name
 
@@ -250,7 +257,12 @@ class Marker:
         return self.key[:-34] if len(self.key) > 32 else None
 
     def successor(
-        self, ref: RecordRef, *, priority: int | None = None, not_before: int = 0
+        self,
+        ref: RecordRef,
+        *,
+        priority: int | None = None,
+        not_before: int = 0,
+        after: bool = False,
     ) -> Marker:
         """The next marker of this job: one generation on, pointing at a new record."""
         return Marker(
@@ -260,6 +272,7 @@ class Marker:
             ref=ref,
             not_before=not_before,
             service=self.service,
+            after=after,
         )
 
 

@@ -49,7 +49,8 @@ _ACTIVE = frozenset({State.CLAIMED, State.RUNNING, State.COMMITTING, State.CANCE
 S = State
 #: every legal move; verified_transition checks each rename against it
 TRANSITIONS: dict[State, frozenset[State]] = {
-    S.SUBMITTED: frozenset({S.READY, S.FAILED, S.CANCELLED}),
+    # submitted -> waiting: a job registered while its dependencies are not met
+    S.SUBMITTED: frozenset({S.READY, S.WAITING, S.FAILED, S.CANCELLED}),
     # ready -> ready: a priority change is a rename too
     S.READY: frozenset({S.READY, S.CLAIMED, S.PAUSED, S.CANCELLED, S.FAILED}),
     S.CLAIMED: frozenset({S.RUNNING, S.READY, S.FAILED, S.CANCELLED}),
@@ -58,7 +59,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.COMMITTING: frozenset({S.COMMITTING, S.READY, S.WAITING, S.PAUSED, S.SUCCEEDED, S.FAILED}),
     S.WAITING: frozenset({S.WAITING, S.READY, S.FAILED, S.PAUSED, S.CANCELLED}),
     # paused -> waiting: a join paused by an operator goes back to waiting on resume
-    S.PAUSED: frozenset({S.PAUSED, S.READY, S.WAITING, S.CANCELLED}),
+    # paused -> failed: a paused job whose dependency failed (--after-policy fail)
+    S.PAUSED: frozenset({S.PAUSED, S.READY, S.WAITING, S.FAILED, S.CANCELLED}),
     S.CANCELLING: frozenset({S.CANCELLED}),
     S.FAILED: frozenset({S.READY, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),

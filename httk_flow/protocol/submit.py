@@ -17,6 +17,7 @@ import orjson
 
 from httk_flow.errors import UsageError
 from httk_flow.protocol import layout, names
+from httk_flow.protocol.after import After, DependencySets
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Frame, Snapshot
 from httk_flow.protocol.fsio import fs, fsync_dir, write_file
@@ -78,6 +79,8 @@ class SubmitRequest:
     job_id: str | None = None
     #: where the request came from (FILE:LINE), named in its errors
     origin: str | None = None
+    #: the dependency sets it waits for (made before submission: ops/depend.py)
+    after: tuple[After, ...] = ()
 
 
 class Submitter:
@@ -157,6 +160,7 @@ class Submitter:
             time_limit=req.time_limit,
             time_limit_factor=float(req.time_limit_factor),
             resources=req.resources,
+            after=req.after,
         )
         try:
             raw = spec.to_json()
@@ -226,6 +230,7 @@ class Submitter:
                     staged.append((spec, None))  # completed below: O(1) listings, no payload
                     continue
                 staged.append((spec, self._stage(spec, req)))
+            self._list_dependents(s for s, tmp in staged if tmp is not None)
             frames = [_submission_frame(s, self.actor) for s, tmp in staged if tmp is not None]
             refs = iter(ws.writer.append_many(frames) if frames else [])
             crash_point("submit.after_journal")
@@ -275,6 +280,18 @@ class Submitter:
             for d in marker_dirs:
                 fsync_dir(d)
         yield from (s for s, _ in batch)
+
+    def _list_dependents(self, specs: Iterable[JobSpec]) -> None:
+        """Each set lists its dependents before they are published (one append per set and
+        batch), so whoever decides the set finds every one of them (protocol.md §14)."""
+        by_set: dict[str, list[tuple[str, str]]] = {}
+        for spec in specs:
+            for a in spec.after:
+                by_set.setdefault(a.set, []).append((spec.key, spec.placement))
+        if by_set:
+            sets = DependencySets(self.ws)
+            for set_id, jobs in by_set.items():
+                sets.add_dependents(set_id, jobs)
 
     def _stage(self, spec: JobSpec, req: SubmitRequest) -> str:
         """The job's payload assembled under .flow/tmp (a name of its own: a submitter

@@ -44,8 +44,12 @@ def transition(
     priority: int | None = None,
     not_before: int = 0,
     note: str | None = None,
+    after: bool | None = None,
 ) -> JobHandle:
     """Move `job` to `target`, recording `body` in the journal; returns the new handle.
+
+    `after`: the new marker's `.a` (unmet dependencies); None keeps the old one's while
+    the job stays out of a manager's hands (submitted, waiting, paused), else drops it.
 
     Once the rename succeeded, each of the workspace's `on_transition` observers is told
     (old handle, new handle, frame, `note`); `note` is for them only, not for the frame.
@@ -66,15 +70,28 @@ def transition(
     )
     ref = ws.writer.append(frame.to_json())
     crash_point("transition.after_journal")
+    if after is None:
+        after = job.marker.after and target in _DEPENDENCY_STATES
     new = JobHandle(
-        target, job.placement, job.marker.successor(ref, priority=priority, not_before=not_before)
+        target,
+        job.placement,
+        job.marker.successor(ref, priority=priority, not_before=not_before, after=after),
     )
     rename_marker(ws, job, new)
     crash_point("transition.after_rename")
     if ws.on_transition:
         for observer in ws.on_transition:
             observer(job, new, frame, note)
+    if target.is_terminal and target is not job.state:
+        # a job that ended is counted by the dependency sets that wait for it (§14)
+        from httk_flow.protocol.release import member_ended
+
+        member_ended(ws, new, actor=actor)
     return new
+
+
+#: where a job may be while it has dependencies not yet met
+_DEPENDENCY_STATES = frozenset({State.SUBMITTED, State.WAITING, State.PAUSED})
 
 
 def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:

@@ -167,6 +167,9 @@ class Workspace:
         #: told of every transition made through this object (protocol.transition's
         #: TransitionObserver); typed loosely here, below the module that defines handles
         self.on_transition: list[Callable[..., None]] = []
+        #: ends of jobs still to be counted into dependency sets (protocol/release.py):
+        #: a release that ends dependents queues them here rather than recursing
+        self.ends_queue: list[tuple[str, State]] | None = None
 
     # -- creation and discovery -------------------------------------------------
 

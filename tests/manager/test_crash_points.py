@@ -57,6 +57,11 @@ ELSEWHERE = {
     "cancel.after_fence",
     "request.after_claim",
     "request.after_apply",
+    # counting an end into dependency sets and releasing: tests/manager/test_dependencies.py
+    "after.before_count",
+    "after.after_count",
+    "after.after_decide",
+    "after.before_released",
 }
 
 THREE_STEP_COMMITS = [(1, "main", "advance"), (2, "two", "advance"), (3, "three", "succeed")]

@@ -1,0 +1,130 @@
+"""`flow submit --after`: the selectors a submission names, made into dependency sets
+before its first job is published (protocol.md §14)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from httk_flow.errors import FlowError, JobNotFound, UsageError
+from httk_flow.ops.lookup import find
+from httk_flow.protocol import names
+from httk_flow.protocol.after import MAX_AFTER, After, AfterPolicy, DependencySets
+from httk_flow.protocol.handles import JobHandle
+from httk_flow.protocol.jobs import all_jobs, load_spec
+from httk_flow.protocol.release import make_set
+from httk_flow.protocol.workspace import Workspace
+
+
+def resolve(ws: Workspace, text: str) -> list[JobHandle]:
+    """The jobs a dependency selector names: `job:IDENT`, `tag:TAG`, or a bare job
+    ident, else a tag."""
+    kind, colon, rest = text.partition(":")
+    if not colon:
+        kind, rest = "", text
+    if kind == "job" or (kind == "" and _looks_like_job(rest)):
+        try:
+            return [find(ws, rest)]
+        except JobNotFound:
+            if kind == "job":
+                raise
+    if kind in ("tag", ""):
+        if not names.TAG_RE.fullmatch(rest):
+            raise UsageError("is not a job, tag or group", obj=f"--after {text!r}")
+        return [h for h in all_jobs(ws) if h.marker.tag == rest]
+    raise UsageError("must be job:IDENT, tag:TAG or a job or tag", obj=f"--after {text!r}")
+
+
+def _looks_like_job(text: str) -> bool:
+    return names.KEY_RE.fullmatch(text) is not None or (
+        len(text) >= 8 and all(c in "0123456789abcdef" for c in text)
+    )
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """The sets one submission waits for, and how many jobs each holds."""
+
+    after: tuple[After, ...]
+    members: tuple[int, ...]
+
+
+def prepare(
+    ws: Workspace,
+    selectors: Sequence[str],
+    policy: AfterPolicy,
+    *,
+    actor: str,
+    own_group: str | None = None,
+) -> Dependencies:
+    """Resolve every selector now (a dependency names jobs that exist, so no cycle can
+    form) and publish one set each; a selector naming no job, or the submission's own
+    group, is refused before anything is written."""
+    if len(selectors) > MAX_AFTER:
+        raise UsageError(f"at most {MAX_AFTER} may be given", obj="--after")
+    resolved: list[tuple[str, list[JobHandle]]] = []
+    for text in dict.fromkeys(s.strip() for s in selectors):
+        if own_group is not None and text in (own_group, f"group:{own_group}"):
+            raise UsageError(
+                "names the group this submission joins: a job cannot wait for itself",
+                obj=f"--after {text!r}",
+                hint="give the new jobs another --group",
+            )
+        members = resolve(ws, text)
+        if not members:
+            raise JobNotFound(
+                "matches no job", obj=f"--after {text!r}", hint="see the jobs with `flow list`"
+            )
+        resolved.append((text, members))
+    after = []
+    for text, members in resolved:
+        set_id = make_set(ws, text, policy, members, actor=actor)
+        after.append(After(set_id, text, policy))
+    return Dependencies(tuple(after), tuple(len(m) for _, m in resolved))
+
+
+@dataclass(frozen=True)
+class DependencyView:
+    """One `--after` of a job as `flow show` tells it."""
+
+    after: After
+    members: int
+    ended: dict[str, int]
+    complete: bool
+    broken: str | None
+
+    def words(self) -> str:
+        n = sum(self.ended.values())
+        parts = ", ".join(f"{v} {k}" for k, v in sorted(self.ended.items()))
+        s = f"after {self.after.selector} ({self.after.policy.value}): {n} of {self.members} ended"
+        if parts:
+            s += f" ({parts})"
+        if self.broken is not None:
+            key, _, state = self.broken.partition(" ")
+            s += f"; {key} {state}"
+        elif self.complete:
+            s += "; met"
+        return s
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.after.to_json(),
+            "members": self.members,
+            "ended": self.ended,
+            "complete": self.complete,
+            "broken": self.broken,
+        }
+
+
+def dependencies_of(ws: Workspace, job: JobHandle) -> list[DependencyView]:
+    """Where each of a job's dependency sets stands (none: it has no --after)."""
+    try:
+        spec = load_spec(ws, job.placement, job.key)
+    except FlowError:
+        return []
+    sets = DependencySets(ws)
+    out = []
+    for a in spec.after:
+        st = sets.status(a.set, count=True)
+        out.append(DependencyView(a, st.members, dict(st.ended or {}), st.complete, st.broken))
+    return out

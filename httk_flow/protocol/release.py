@@ -1,0 +1,273 @@
+"""Counting a member's end into its dependency sets and moving the dependents of a decided
+set (protocol.md §14). Every step is idempotent, so any process may do it, and do it
+again after a crash: the renames decide who counted and who moved what.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+
+from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.protocol import layout
+from httk_flow.protocol.after import AfterPolicy, DependencySets, Verdict, verdict
+from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.discovery import markers_of_placement
+from httk_flow.protocol.fsio import fs, write_file
+from httk_flow.protocol.handles import JobHandle
+from httk_flow.protocol.jobs import current_frame, fail, load_spec, register
+from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import transition
+from httk_flow.protocol.workspace import Workspace
+
+_TERMINAL = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+#: where a dependent can be while its sets are open
+_DEPENDENT_STATES = (State.SUBMITTED, State.WAITING, State.PAUSED)
+
+
+def member_ended(ws: Workspace, job: JobHandle, *, actor: str) -> None:
+    """`job` just moved to a terminal state: count it in every set that waits for it and
+    release the dependents of each set that this decides. Called by every transition;
+    a job no set waits for costs one failed lookup. Dependents that end in turn (a
+    cancelled chain) are handled by the same loop, not by recursion."""
+    if ws.ends_queue is not None:
+        ws.ends_queue.append((job.key, job.state))
+        return
+    crash_point("after.before_count")
+    queue = ws.ends_queue = [(job.key, job.state)]
+    try:
+        while queue:
+            key, state = queue.pop()
+            for set_id in count_end(ws, key, state):
+                release_set(ws, set_id, actor=actor)
+    finally:
+        ws.ends_queue = None
+
+
+def count_end(ws: Workspace, key: str, state: State) -> list[str]:
+    """Count one end in the sets watching `key`; returns the sets this end decided."""
+    d = layout.watch_member(ws.root, key)
+    try:
+        entries = [e.name for e in fs.scandir(d)]
+    except OSError:
+        return []
+    sets = DependencySets(ws)
+    decided = []
+    kept = False
+    for name in entries:
+        set_id, _, pol = name.partition(".")
+        try:
+            policy = AfterPolicy(pol)
+        except ValueError:
+            continue
+        if not policy.counts(state):
+            kept = True  # a failed job may be resumed: it still counts later
+            continue
+        sd = sets.set_dir(set_id)
+        try:
+            fs.rename(
+                os.path.join(sd, "pending", key), os.path.join(sd, "ended", f"{key}.{state.value}")
+            )
+        except FileNotFoundError:
+            pass  # counted already (a crash after the count), or the set is gone
+        crash_point("after.after_count")
+        if policy.breaks(state):
+            try:
+                write_file(
+                    os.path.join(sd, "broken"),
+                    f"{key} {state.value}".encode(),
+                    durable=ws.policy.durable,
+                )
+                decided.append(set_id)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                pass  # no such set
+        try:
+            os.rmdir(os.path.join(sd, "pending"))
+            decided.append(set_id)  # the last member: this end completed the set
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise
+        crash_point("after.after_decide")
+        try:
+            os.unlink(os.path.join(d, name))
+        except FileNotFoundError:
+            pass
+    if not kept:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass  # a set made meanwhile watches it again
+    return list(dict.fromkeys(decided))
+
+
+def release_set(ws: Workspace, set_id: str, *, actor: str) -> int:
+    """Move every dependent of a decided set where its sets now send it; returns how
+    many moved. Repeated after a crash by any manager's sweep: dependents that moved
+    on already are skipped."""
+    sets = DependencySets(ws)
+    st = sets.status(set_id)
+    if not st.exists or (not st.complete and st.broken is None):
+        return 0
+    what = "complete" if st.complete else "broken"
+    by_placement: dict[str, set[str]] = defaultdict(set)
+    for key, placement in sets.dependents(set_id):
+        by_placement[placement].add(key)
+    moved = 0
+    for placement, keys in by_placement.items():
+        found = {
+            m.key: JobHandle(s, placement, m)
+            for s, m in markers_of_placement(ws, placement, _DEPENDENT_STATES)
+            if m.key in keys
+        }
+        for h in found.values():
+            if settle_with_retry(ws, h, actor=actor) is not None:
+                moved += 1
+    crash_point("after.before_released")
+    sets.mark_released(set_id, what)
+    return moved
+
+
+def settle_with_retry(ws: Workspace, h: JobHandle, *, actor: str) -> JobHandle | None:
+    """settle, looking for the job again when something moved it first (a resume, a
+    registrant, another releaser)."""
+    for _ in range(3):
+        try:
+            return settle(ws, h, actor=actor)
+        except TransitionConflict:
+            again = _locate(ws, h.placement, h.key)
+            if again is None:
+                return None
+            h = again
+        except FlowError:
+            return None
+    return None
+
+
+def settle(
+    ws: Workspace, h: JobHandle, *, actor: str, v: Verdict | None = None
+) -> JobHandle | None:
+    """Move one dependent as its sets say; None when it stays where it is.
+
+    Submitted: registered (registration decides from the sets). Waiting: to ready, or
+    cancelled or failed. Paused: stays paused, its `.a` dropped once the sets are met
+    (a resume then makes it ready), or cancelled or failed."""
+    if h.state is State.SUBMITTED:
+        new = register(ws, h, actor=actor)
+        return new if new.state is not State.WAITING else None
+    if not h.marker.after or h.state not in (State.WAITING, State.PAUSED):
+        return None
+    if v is None:
+        v = verdict(ws, load_spec(ws, h.placement, h.key).after)
+    if v.kind == "wait":
+        return None
+    frame = current_frame(ws, h)
+    if v.kind == "cancel":
+        body = frame.body.carry(why="dependency not met", reason=v.reason)
+        return transition(ws, h, State.CANCELLED, body, actor=actor)
+    if v.kind == "fail":
+        return fail(ws, h, frame, "dependency_failure", v.reason, actor=actor)
+    if h.state is State.PAUSED:
+        body = frame.body.carry(why=v.reason, join=frame.body.join)
+        return transition(ws, h, State.PAUSED, body, actor=actor, after=False)
+    return transition(ws, h, State.READY, frame.body.carry(why=v.reason), actor=actor, after=False)
+
+
+def resume_target(ws: Workspace, h: JobHandle) -> tuple[State, Verdict] | None:
+    """Where a resume sends a paused job with unmet dependencies (None: no `.a`): ready
+    once its sets are met, waiting while they are open (the caller settles it again
+    after that rename), cancelled or failed as they decided."""
+    if not h.marker.after:
+        return None
+    v = verdict(ws, load_spec(ws, h.placement, h.key).after)
+    target = {
+        "ready": State.READY,
+        "wait": State.WAITING,
+        "cancel": State.CANCELLED,
+        "fail": State.FAILED,
+    }[v.kind]
+    return target, v
+
+
+def _locate(ws: Workspace, placement: str, key: str) -> JobHandle | None:
+    for s, m in markers_of_placement(ws, placement, key=key):
+        return JobHandle(s, placement, m)
+    return None
+
+
+def sweep_sets(ws: Workspace, *, actor: str) -> int:
+    """Release every decided set whose release did not finish (its releaser died)."""
+    sets = DependencySets(ws)
+    moved = 0
+    for set_id in sets.all_sets():
+        st = sets.status(set_id)
+        if not st.exists:
+            continue
+        done = sets.released(set_id)
+        if (st.complete and done != "complete") or (st.broken is not None and done is None):
+            moved += release_set(ws, set_id, actor=actor)
+    return moved
+
+
+def sweep_ends(ws: Workspace, *, actor: str) -> int:
+    """Count ends whose counting was cut short (the process that ended the job died
+    between its rename and the count): one listing per state kind of each placement
+    that holds a watched job, not a walk of the workspace."""
+    root = layout.watch_dir(ws.root)
+    try:
+        keys = [e.name for e in fs.scandir(root)]
+    except OSError:
+        return 0
+    by_placement: dict[str, set[str]] = defaultdict(set)
+    for key in keys:
+        placement = _watched_placement(os.path.join(root, key))
+        if placement is not None:
+            by_placement[placement].add(key)
+    n = 0
+    for placement, wanted in by_placement.items():
+        for s, m in markers_of_placement(ws, placement, _TERMINAL):
+            if m.key in wanted:
+                for set_id in count_end(ws, m.key, s):
+                    release_set(ws, set_id, actor=actor)
+                n += 1
+    return n
+
+
+def _watched_placement(d: str) -> str | None:
+    try:
+        for e in fs.scandir(d):
+            return fs.read_bytes(os.path.join(d, e.name), 4096).decode()
+    except OSError:
+        return None
+    return None
+
+
+def make_set(
+    ws: Workspace,
+    selector: str,
+    policy: AfterPolicy,
+    members: Iterable[JobHandle],
+    *,
+    actor: str,
+    set_id: str | None = None,
+) -> str:
+    """Publish a dependency set, watch its pending members, and count those that ended
+    while it was being made (their end could not find the watch entry yet)."""
+    sets = DependencySets(ws)
+    set_id, pending = sets.create(selector, policy, members, actor=actor, set_id=set_id)
+    if not pending:
+        return set_id
+    sets.watch(set_id, policy, pending)
+    crash_point("after.after_watch")
+    by_placement: dict[str, set[str]] = defaultdict(set)
+    for h in pending:
+        by_placement[h.placement].add(h.key)
+    for placement, keys in by_placement.items():
+        for s, m in markers_of_placement(ws, placement, _TERMINAL):
+            if m.key in keys:
+                for decided in count_end(ws, m.key, s):
+                    release_set(ws, decided, actor=actor)
+    return set_id
