@@ -30,6 +30,7 @@ import tempfile
 import time
 
 import compare
+import dependencies  # noqa: F401
 import packing  # noqa: F401
 import reference
 import solo  # noqa: F401  (registers the benchmarks)
