@@ -18,6 +18,7 @@ from filelock import FileLock, Timeout
 
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.protocol import layout, requests
+from httk_flow.protocol.after import DependencySets
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.journal import iter_segment, segment_name
 from httk_flow.protocol.leases import read_managers
@@ -72,6 +73,7 @@ def collect(ws: Workspace, *, dry_run: bool, now: float | None = None) -> GcRepo
             _segments(ws, report, now)
             _managers(ws, report, now)
             _requests(ws, report, now)
+            _dependency_sets(ws, report, now)
     except Timeout:
         raise UsageError(
             "another fsck or gc is running on this host",
@@ -193,3 +195,20 @@ def _requests(ws: Workspace, report: GcReport, now: float) -> None:
             continue
         if stat.S_ISREG(st.st_mode) and st.st_mtime < horizon:
             _remove(report, "request_record", e.path, is_dir=False)
+
+
+def _dependency_sets(ws: Workspace, report: GcReport, now: float) -> None:
+    """Dependency sets whose every member ended and whose dependents were all moved on
+    (`released` says complete), once their last change is as old as the journal kept."""
+    horizon = now - ws.policy.keep_journal_days * DAY
+    sets = DependencySets(ws)
+    for set_id in sets.all_sets():
+        if sets.released(set_id) != "complete":
+            continue
+        path = sets.set_dir(set_id)
+        try:
+            changed = os.stat(os.path.join(path, "released")).st_mtime
+        except OSError:
+            continue
+        if changed < horizon:
+            _remove(report, "dependency_set", path, is_dir=True)
