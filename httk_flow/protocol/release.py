@@ -5,6 +5,7 @@ again after a crash: the renames decide who counted and who moved what.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections import defaultdict
@@ -18,6 +19,7 @@ from httk_flow.protocol.discovery import markers_of_placement
 from httk_flow.protocol.fsio import fs, write_file
 from httk_flow.protocol.handles import JobHandle
 from httk_flow.protocol.jobs import current_frame, fail, load_spec, register
+from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import transition
 from httk_flow.protocol.workspace import Workspace
@@ -118,12 +120,7 @@ def release_set(ws: Workspace, set_id: str, *, actor: str) -> int:
         by_placement[placement].add(key)
     moved = 0
     for placement, keys in by_placement.items():
-        found = {
-            m.key: JobHandle(s, placement, m)
-            for s, m in markers_of_placement(ws, placement, _DEPENDENT_STATES)
-            if m.key in keys
-        }
-        for h in found.values():
+        for h in _of_keys(ws, placement, keys, _DEPENDENT_STATES):
             if settle_with_retry(ws, h, actor=actor) is not None:
                 moved += 1
     crash_point("after.before_released")
@@ -192,6 +189,75 @@ def resume_target(ws: Workspace, h: JobHandle) -> tuple[State, Verdict] | None:
     return target, v
 
 
+def _of_keys(
+    ws: Workspace, placement: str, keys: set[str], states: Iterable[State]
+) -> list[JobHandle]:
+    """The markers of `keys` in one placement, one listing per state kind; a name is parsed
+    only when its key is wanted (a key holds no dot), so a listing of many other jobs
+    costs little more than the listing itself."""
+    out: dict[str, JobHandle] = {}
+    if len(keys) <= HINTED:
+        for key in keys:
+            h = _hinted(ws, placement, key, states)
+            if h is not None:
+                out[key] = h
+        keys = keys - out.keys()
+        if not keys:
+            return list(out.values())
+    for st in states:
+        try:
+            names = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
+        except OSError:
+            continue
+        for name in names:
+            if name.partition(".")[0] in keys:
+                m = Marker.parse_or_none(name)
+                if m is not None:
+                    out.setdefault(m.key, JobHandle(st, placement, m))
+    return list(out.values())
+
+
+#: up to this many dependents in one placement are looked up by their hints, not listed
+HINTED = 8
+_HINT = ".after-marker"
+
+
+def note_marker(ws: Workspace, h: JobHandle) -> None:
+    """Leave `<state> <marker name>` of a dependent with unmet dependencies in its job
+    directory: its releaser then finds it with one read and one lstat, not a listing of
+    every job waiting beside it. Only a hint: a stale or missing one means a listing."""
+    d = ws.job_dir(h.placement, h.key)
+    tmp = os.path.join(d, f"{_HINT}.{os.urandom(4).hex()}")
+    try:
+        write_file(tmp, f"{h.state.value} {h.marker.name}".encode(), durable=False)
+        os.replace(tmp, os.path.join(d, _HINT))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def forget_marker(ws: Workspace, h: JobHandle) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(ws.job_dir(h.placement, h.key), _HINT))
+
+
+def _hinted(ws: Workspace, placement: str, key: str, states: Iterable[State]) -> JobHandle | None:
+    try:
+        raw = fs.read_bytes(os.path.join(ws.job_dir(placement, key), _HINT), 1024).decode()
+        kind, _, name = raw.partition(" ")
+        st = State(kind)
+    except (OSError, ValueError):
+        return None
+    m = Marker.parse_or_none(name)
+    if st not in states or m is None or m.key != key:
+        return None
+    try:
+        os.lstat(ws.marker_path(st, placement, m))
+    except OSError:
+        return None
+    return JobHandle(st, placement, m)
+
+
 def _locate(ws: Workspace, placement: str, key: str) -> JobHandle | None:
     for s, m in markers_of_placement(ws, placement, key=key):
         return JobHandle(s, placement, m)
@@ -228,11 +294,10 @@ def sweep_ends(ws: Workspace, *, actor: str) -> int:
             by_placement[placement].add(key)
     n = 0
     for placement, wanted in by_placement.items():
-        for s, m in markers_of_placement(ws, placement, _TERMINAL):
-            if m.key in wanted:
-                for set_id in count_end(ws, m.key, s):
-                    release_set(ws, set_id, actor=actor)
-                n += 1
+        for h in _of_keys(ws, placement, wanted, _TERMINAL):
+            for set_id in count_end(ws, h.key, h.state):
+                release_set(ws, set_id, actor=actor)
+            n += 1
     return n
 
 
@@ -266,8 +331,7 @@ def make_set(
     for h in pending:
         by_placement[h.placement].add(h.key)
     for placement, keys in by_placement.items():
-        for s, m in markers_of_placement(ws, placement, _TERMINAL):
-            if m.key in keys:
-                for decided in count_end(ws, m.key, s):
-                    release_set(ws, decided, actor=actor)
+        for h in _of_keys(ws, placement, keys, _TERMINAL):
+            for decided in count_end(ws, h.key, h.state):
+                release_set(ws, decided, actor=actor)
     return set_id

@@ -82,11 +82,16 @@ def transition(
     if ws.on_transition:
         for observer in ws.on_transition:
             observer(job, new, frame, note)
-    if target.is_terminal and target is not job.state:
-        # a job that ended is counted by the dependency sets that wait for it (§14)
-        from httk_flow.protocol.release import member_ended
+    if after or job.marker.after or target.is_terminal:
+        from httk_flow.protocol import release
 
-        member_ended(ws, new, actor=actor)
+        if after:
+            release.note_marker(ws, new)  # where its releaser finds it (§14)
+        elif job.marker.after:
+            release.forget_marker(ws, new)
+        if target.is_terminal and target is not job.state:
+            # a job that ended is counted by the dependency sets that wait for it (§14)
+            release.member_ended(ws, new, actor=actor)
     return new
 
 
