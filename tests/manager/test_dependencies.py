@@ -32,7 +32,7 @@ from .support import (
 
 #: sleeps a little, so kills land while jobs run; `fail=1` makes it fail
 WORK = r"""
-sleep "0.$(( RANDOM % 4 + 1 ))"
+sleep "0.$(( RANDOM % 3 + 1 ))"
 [ "${FLOW_PARAM_fail:-0}" = 1 ] && exit 3
 exit 0
 """
@@ -83,7 +83,7 @@ def _kill_and_replace(root: str, managers: Managers, n: int, kills: int, seed: i
     live = [managers.start(root, command="serve", workers=2) for _ in range(n)]
     landed = 0
     for _ in range(kills):
-        time.sleep(rng.uniform(0.3, 0.9))
+        time.sleep(rng.uniform(0.6, 1.4))
         victim = live.pop(rng.randrange(len(live)))
         if victim.poll() is None:
             os.kill(victim.pid, signal.SIGKILL)
@@ -124,7 +124,9 @@ def test_chains_and_diamonds_across_three_killed_managers_commit_each_dependent_
     _submit(root, prog, "late", after=("tag:c", bad), policy=AfterPolicy.FAIL)
     total = 4 + 3 + 2 + 2 + 3 + 1 + 4
 
-    landed = _kill_and_replace(root, managers, 3, kills=8, seed=17)
+    # kills far enough apart that no job sees three managers die under it in a row (it
+    # would fail with manager_deaths, by design, and cancel what waits for it)
+    landed = _kill_and_replace(root, managers, 3, kills=6, seed=17)
     infos = _wait_all_ended(root, total, timeout=180)
     assert landed >= 4
     assert set(marker_keys(root).values()) == {1}, "a job has two markers"
