@@ -218,11 +218,7 @@ class BundleStore:
                 hint="put the program and its files in a directory of their own",
             )
         key = (top, max_bytes)
-        tree = self._trees.get(key)
-        if tree is None:
-            tree = scan(directory, max_bytes)
-            self.store(tree, f"bundle {directory!r}")
-            self._trees[key] = tree
+        tree = self._trees.get(key) or scan(directory, max_bytes)
         entry = next((e for e in tree.entries if e.rel == rel), None)
         if entry is None or entry.is_dir:
             raise UsageError(
@@ -232,6 +228,10 @@ class BundleStore:
             )
         if not entry.executable:
             raise UsageError("is not executable", obj=obj, hint=f"run `chmod +x {program}`")
+        if key not in self._trees:
+            # stored only once the program is known to be one: a refusal leaves nothing
+            self.store(tree, f"bundle {directory!r}")
+            self._trees[key] = tree
         source = os.path.abspath(program)
         return Program(bundle=tree.digest, path=rel, name=os.path.basename(rel), source=source)
 
@@ -303,10 +303,12 @@ def program_in(directory: str, program: str) -> str:
     rel = os.path.relpath(where, root)
     if rel == "." or rel.startswith(".." + os.sep) or rel == ".." or os.path.isabs(rel):
         hint = "give the program as a path inside the bundle directory"
-        if os.path.isfile(os.path.join(directory, program)):
-            hint = f"did you mean {os.path.join(directory, program)!r}?"
+        guess = os.path.join(directory, program)
+        if not os.path.isabs(program) and os.path.isfile(guess):
+            hint = f"did you mean {guess!r}? (PROGRAM is a path from here, not from DIR)"
+        shown = f"{directory!r}" if root == directory else f"{directory!r} ({root})"
         raise UsageError(
-            f"is not inside the bundle directory {directory!r} ({root})",
+            f"is not inside the bundle directory {shown}",
             obj=f"program {program!r}",
             hint=hint,
         )
