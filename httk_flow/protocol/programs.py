@@ -84,6 +84,12 @@ class ProgramStore:
 
     def _in_place(self, path: str) -> Program:
         """Run where it is: its digest is kept, and checked before every launch."""
+        if "/" not in path and not os.path.isfile(path):
+            raise UsageError(
+                "is not a file; --in-place runs a file where it is",
+                obj=f"program {path!r}",
+                hint="give its path (e.g. ./run.sh); a command on PATH runs without --in-place",
+            )
         digest = hashlib.sha256(self._read(path)).hexdigest()
         full = os.path.abspath(path)
         return Program(digest=digest, path=full, name=os.path.basename(full), in_place=True)

@@ -275,6 +275,13 @@ def test_an_in_place_program_edited_between_attempts_is_refused_and_never_runs(
     assert f"failure     program_changed: the in-place program {prog} changed" in shown
 
 
+def test_in_place_needs_a_file(runner: CliRunner, root: str) -> None:
+    assert refused(runner, root, "--in-place", "true") == (
+        "flow: error: program 'true': is not a file; --in-place runs a file where it is; "
+        "give its path (e.g. ./run.sh); a command on PATH runs without --in-place\n"
+    )
+
+
 def test_an_in_place_program_that_is_gone_fails_at_once(
     runner: CliRunner, root: str, tmp_path: Path, managers: Managers
 ) -> None:
