@@ -25,6 +25,7 @@ DOCUMENTED = {
     layout.marker_path(WS, "<kind>", "<placement>", "<marker>"),
     layout.segment_path(layout.journal_dir(WS), "<writer>", 0).replace("/0.", "/<n>."),
     layout.program_path(WS, "<sha256>"),
+    layout.bundle_dir(WS, "<sha256>") + "/",
     layout.class_file(WS, "<class>"),
     layout.heartbeat_file(layout.manager_dir(WS, "<id>")),
     layout.stopped_file(layout.manager_dir(WS, "<id>")),

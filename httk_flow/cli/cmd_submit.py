@@ -16,6 +16,7 @@ from httk_flow.errors import UsageError
 from httk_flow.ops import depend
 from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
 from httk_flow.protocol.after import AfterPolicy
+from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
 from httk_flow.protocol.jobspec import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRIES
@@ -122,6 +123,27 @@ class SubmitCommand(click.Command):
     default=None,
     metavar="SIZE",
     help="Most the inputs of one job may total, e.g. 500M, 8G (default 1G).",
+)
+@click.option(
+    "--bundle",
+    default=None,
+    metavar="DIR",
+    help="Store DIR (the program lies inside it) and run the program inside the copy, so "
+    "the files beside it are found; FLOW_BUNDLE_DIR names the copy.",
+)
+@click.option(
+    "--bundle-max",
+    "bundle_max",
+    default=None,
+    metavar="SIZE",
+    help="Most a --bundle may hold (default 1G); data belongs in --input or shared storage.",
+)
+@click.option(
+    "--in-place",
+    "in_place",
+    is_flag=True,
+    help="Run the program where it is, not a stored copy; an attempt whose program changed "
+    "since submission fails (program_changed) instead of running it.",
 )
 @click.option(
     "--priority",
@@ -265,6 +287,7 @@ def submit(
     input_max: str | None,
     after: tuple[str, ...],
     after_policy: str,
+    bundle_max: str | None,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -279,6 +302,7 @@ def submit(
         params=_params(params),
         inputs=list(inputs),
         input_max=parse_size(input_max) if input_max is not None else DEFAULT_INPUT_MAX,
+        bundle_max=parse_size(bundle_max, "--bundle-max") if bundle_max else DEFAULT_BUNDLE_MAX,
         requires=list(requires),
         resources=Request.build(cpus=cpus, gpus=gpus, mem=mem, custom=list(resources)),
         time=parse_duration(time_, "--time") if time_ else None,

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from httk_flow.protocol import layout
+from httk_flow.protocol import layout, programs
 from httk_flow.protocol.frames import Snapshot
 from httk_flow.protocol.fsio import write_file
 from httk_flow.protocol.jobspec import JobSpec
@@ -145,6 +145,10 @@ def prepare(
         "params": spec.params,
         "array_index": spec.array_index,
     }
+    where = programs.program_env(ws, spec.program)
+    if where:
+        context["program_source"] = where.get(layout.ENV_PROGRAM_SOURCE)
+        context["bundle_dir"] = where.get(layout.ENV_BUNDLE_DIR)
     if extra_context:
         context.update(extra_context)
     kids = context.get("children")
@@ -160,11 +164,9 @@ def prepare(
     else:
         # the launcher creates it beside the manager; the program starts only after that
         launcher_writes = (ctx_path, ctx_data.decode())
-    if spec.program.digest:
-        argv = [ws.program_path(spec.program.digest), *spec.args]
-    else:
-        argv = [spec.program.command or "false", *spec.args]
+    argv = [programs.executable(ws, spec.program), *spec.args]
     env = dict(_base_env())
+    env.update(where)
     env.update(
         {
             layout.ENV_WORKSPACE_DIR: ws.root,

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
 from httk_flow.manager.attempts import OUTCOME_STAGING, prepare
 from httk_flow.manager.commit import Committer, is_transient
+from httk_flow.manager.exec_failure import exec_failure
 from httk_flow.manager.launcher import (
-    NOT_FOUND,
     group_alive,
     launch,
     read_exec_failure,
@@ -33,6 +33,8 @@ from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence
 from httk_flow.protocol.jobs import fail
 from httk_flow.protocol.jobspec import JobSpec, duration_words
+from httk_flow.protocol.last import Last
+from httk_flow.protocol.programs import InPlaceCheck
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
@@ -71,6 +73,10 @@ class LocalAttempts:
         self.leftovers: dict[int, float] = {}
         #: commits and releases waiting out a transient error, by job key
         self.pending: dict[str, Pending] = {}
+        #: the digests of in-place programs, checked before each of their launches
+        self.in_place = InPlaceCheck()
+        #: jobs failed before their attempt could start, reported by the next reap
+        self._refused: list[Finished] = []
 
     def __len__(self) -> int:
         # a commit still to be retried holds its slot: nothing is done until it lands
@@ -100,8 +106,13 @@ class LocalAttempts:
         extra_context: dict[str, object] | None,
         binding: Binding | None,
     ) -> JobHandle | None:
+        if spec.program.in_place:
+            changed = self.in_place.changed(spec.program)
+            if changed is not None:
+                self._refuse(claimed, spec, claim_body, "program_changed", changed)
+                return None
         number = claim_body.snap.tries
-        program = spec.program.digest or spec.program.command or ""
+        program = spec.program.ident
         skipped = self._unstaged.get(program, -1)
         staging = skipped < 0 or skipped >= STAGING_RETRY
         if not staging:
@@ -185,11 +196,31 @@ class LocalAttempts:
             self.on_start(la)
         return running
 
+    def _refuse(
+        self, claimed: JobHandle, spec: JobSpec, claim_body: Body, code: str, message: str
+    ) -> None:
+        """Fail a claimed job whose program must not run: no retry, no backoff (as for
+        program_not_found), and counted by the next reap like any failed attempt."""
+        self.log.problem(claimed.key, message)
+        body = claim_body.carry(snap=claim_body.snap.but(last=Last.failed(code)))
+        try:
+            failed = fail(self.ws, claimed, body, code, message, actor=self.actor)
+        except TransitionConflict:
+            return
+        except FlowError as e:
+            self.log.problem(claimed.key, f"cannot fail the job: {e.render()}")
+            self._hold(Pending(None, claimed, spec, claim_body, None))
+            return
+        self._refused.append(Finished(spec, failed))
+
     def reap(self) -> list[Finished]:
         """Commit every attempt whose process has exited."""
         if self.leftovers:
             self._kill_leftovers(self.clock())
         done = self._retry_pending() if self.pending else []
+        if self._refused:
+            done += self._refused
+            self._refused = []
         mono = time.monotonic()
         for key, la in list(self.by_key.items()):
             rc = la.proc.poll()
@@ -289,25 +320,7 @@ class LocalAttempts:
         said = read_exec_failure(la.plan.exec_failure, rc)
         if said is None:
             return None
-        word, by_exec = said
-        code = "program_not_found" if word == NOT_FOUND else "program_not_executable"
-        prog = la.spec.program
-        where = la.plan.argv[0] if la.plan.argv else "?"
-        if prog.command:
-            what = f"the command {prog.command!r}"
-        else:
-            what = f"the program {prog.name or where!r} (stored as {where})"
-        if by_exec:
-            why = (
-                "its #! interpreter was not found"
-                if word == NOT_FOUND
-                else "its #! interpreter is not executable, or it is not a program"
-            )
-            return code, f"{what} could not be executed: {why}; it was not retried"
-        if word == NOT_FOUND:
-            found = "was not found on the attempt's PATH" if prog.command else "was not found"
-            return code, f"{what} {found}; it was not retried"
-        return code, f"{what} is not an executable file; it was not retried"
+        return exec_failure(la.spec.program, la.plan.argv[0] if la.plan.argv else "?", *said)
 
     def _hold(self, p: Pending) -> None:
         p.next_at = self.clock() + p.delay
@@ -367,7 +380,7 @@ class LocalAttempts:
 
     def _staging_used(self, la: LocalAttempt) -> None:
         """Remove an unused staging directory, and remember whether the program used it."""
-        program = la.spec.program.digest or la.spec.program.command or ""
+        program = la.spec.program.ident
         try:
             os.rmdir(os.path.join(la.plan.dir, OUTCOME_STAGING))
         except FileNotFoundError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from httk_flow.errors import FlowError, InvalidJob
-from httk_flow.protocol import layout
+from httk_flow.protocol import layout, programs
 from httk_flow.protocol.after import verdict
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import Body, Failure, Frame
@@ -62,8 +62,9 @@ def register(
         return fail(ws, job, None, "protocol_error", e.render(), actor=actor)
     try:
         spec = load_spec(ws, job.placement, job.key)
-        if spec.program.digest and not fs.exists(ws.program_path(spec.program.digest)):
-            raise InvalidJob("names a program that is not in the program store", obj=job.key)
+        gone = programs.missing(ws, spec.program)
+        if gone is not None:
+            raise InvalidJob(gone, obj=job.key)
     except FlowError as e:
         return fail(ws, job, frame, "protocol_error", e.render(), actor=actor)
     if specs is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,16 +33,47 @@ WorkdirMode = Literal["persistent", "isolated"]
 
 @dataclass(frozen=True, slots=True)
 class Program:
-    """A stored executable (by sha256 digest) or a command looked up on PATH."""
+    """What an attempt executes (docs/protocol.md §7): a stored executable (`digest`), a
+    command looked up on PATH, a file of a stored tree (`bundle`, `path` inside it), or a
+    file run where it is (`in_place`: `path`, whose content must still have `digest`)."""
 
     digest: str | None = None
     command: str | None = None
     name: str = ""
+    #: the absolute path the program was submitted from (None: not recorded)
+    source: str | None = None
+    #: the tree digest of a bundle: .flow/bundles/<bundle>/
+    bundle: str | None = None
+    #: in a bundle: the relative path inside it; in place: the absolute path
+    path: str | None = None
+    in_place: bool = False
 
-    def to_json(self) -> dict[str, str]:
-        if self.digest:
-            return {"digest": self.digest, "name": self.name}
-        return {"command": self.command or ""}
+    @property
+    def stored(self) -> str | None:
+        """The digest of its copy in the program store (None: it has none)."""
+        return None if self.in_place or self.bundle else self.digest
+
+    @property
+    def ident(self) -> str:
+        """One string naming what runs: equal for two jobs that run the same thing."""
+        if self.bundle:
+            return f"{self.bundle}/{self.path}"
+        return self.digest or self.command or ""
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any]
+        if self.bundle:
+            d = {"bundle": self.bundle, "path": self.path or "", "name": self.name}
+        elif self.in_place:
+            d = {"path": self.path or "", "digest": self.digest, "in_place": True}
+            d["name"] = self.name
+        elif self.digest:
+            d = {"digest": self.digest, "name": self.name}
+        else:
+            return {"command": self.command or ""}
+        if self.source is not None:
+            d["source"] = self.source
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +193,40 @@ class JobSpec:
             raise InvalidJob(e.render(), obj=where) from None
 
 
+def _is_digest(v: object) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+def parse_program(prog: dict[str, Any]) -> Program:
+    """job.json's `program` in any of its shapes; members a shape does not know are ignored
+    (old job.json files read as they always did)."""
+    pname = prog.get("name", "")
+    name = pname if isinstance(pname, str) else ""
+    src = prog.get("source")
+    source = src if isinstance(src, str) and os.path.isabs(src) and "\0" not in src else None
+    path = prog.get("path")
+    digest, command, bundle = prog.get("digest"), prog.get("command"), prog.get("bundle")
+    if bundle is not None:
+        if not _is_digest(bundle) or not isinstance(path, str) or not _inside(path):
+            raise _Bad("member 'program' has a bad 'bundle' digest or 'path' inside it")
+        return Program(bundle=bundle, path=path, name=name, source=source)
+    if prog.get("in_place") is True:
+        if not _is_digest(digest) or not isinstance(path, str) or not os.path.isabs(path):
+            raise _Bad("member 'program' in place needs an absolute 'path' and its 'digest'")
+        return Program(digest=digest, path=path, name=name, source=source, in_place=True)
+    if _is_digest(digest):
+        return Program(digest=digest, name=name, source=source)
+    if isinstance(command, str) and command and "\0" not in command and "/" not in command:
+        return Program(command=command, name=command)
+    raise _Bad("member 'program' needs a 64-hex 'digest', a 'bundle' or a plain 'command' name")
+
+
+def _inside(rel: str) -> bool:
+    """A relative path that stays inside its tree: no empty, '.' or '..' component."""
+    parts = rel.split("/")
+    return bool(rel) and "\0" not in rel and all(p not in ("", ".", "..") for p in parts)
+
+
 def _grown(seconds: float | None, factor: float, times: int) -> float | None:
     if seconds is None or times <= 0 or factor == 1.0:
         return seconds
@@ -247,19 +313,7 @@ def _parse(data: object) -> JobSpec:
     key = _get(data, "key", str)
     if key != names.make_key(job_id, tag):
         raise _Bad("member 'key' does not match its id and tag")
-    prog = _get(data, "program", dict)
-    digest, command = prog.get("digest"), prog.get("command")
-    if (
-        isinstance(digest, str)
-        and len(digest) == 64
-        and all(c in "0123456789abcdef" for c in digest)
-    ):
-        pname = prog.get("name", "")
-        program = Program(digest=digest, name=pname if isinstance(pname, str) else "")
-    elif isinstance(command, str) and command and "\0" not in command and "/" not in command:
-        program = Program(command=command, name=command)
-    else:
-        raise _Bad("member 'program' needs a 64-hex 'digest' or a plain 'command' name")
+    program = parse_program(_get(data, "program", dict))
     args = _get(data, "args", list, [])
     if len(args) > MAX_ARGS or not all(isinstance(a, str) and "\0" not in a for a in args):
         raise _Bad("member 'args' must be a list of strings without NUL bytes")

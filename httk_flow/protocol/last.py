@@ -31,6 +31,7 @@ _FAILURE_WORDS = frozenset(
         "time_limit",
         "program_not_found",
         "program_not_executable",
+        "program_changed",
     }
 )
 _RETRY_PREFIXES = ("process failure:", "retry requested:", "time limit ")

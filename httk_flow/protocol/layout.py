@@ -57,6 +57,10 @@ ENV_BASH_API = "FLOW_BASH_API"
 ENV_PYTHON = "FLOW_PYTHON"
 #: the job's --array index, when it has one
 ENV_ARRAY_INDEX = "FLOW_ARRAY_INDEX"
+#: the absolute path the job's program was submitted from (a stored copy runs instead)
+ENV_PROGRAM_SOURCE = "FLOW_PROGRAM_SOURCE"
+#: the stored tree a bundled program runs inside (flow submit --bundle)
+ENV_BUNDLE_DIR = "FLOW_BUNDLE_DIR"
 #: FLOW_PARAM_<name>: one job parameter, as a string
 ENV_PARAM_PREFIX = "FLOW_PARAM_"
 
@@ -91,6 +95,7 @@ _FORMAT = "format.json"
 _STATE = "state"
 _TMP = "tmp"
 _PROGRAMS = "programs"
+_BUNDLES = "bundles"
 _CLASSES = "classes"
 _MANAGERS = "managers"
 _REQUESTS = "requests"
@@ -154,6 +159,16 @@ def programs_dir(root: str) -> str:
 def program_path(root: str, digest: str) -> str:
     """One stored executable, named by its sha256."""
     return os.path.join(programs_dir(root), digest)
+
+
+def bundles_dir(root: str) -> str:
+    """The bundle store: stored program trees by tree digest (made at the first bundle)."""
+    return os.path.join(root, FLOW_DIR, _BUNDLES)
+
+
+def bundle_dir(root: str, digest: str) -> str:
+    """One stored tree, named by its tree digest (docs/protocol.md §6)."""
+    return os.path.join(bundles_dir(root), digest)
 
 
 def classes_dir(root: str) -> str:

@@ -18,6 +18,7 @@ import orjson
 from httk_flow.errors import UsageError
 from httk_flow.protocol import layout, names
 from httk_flow.protocol.after import After, DependencySets
+from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Frame, Snapshot
 from httk_flow.protocol.fsio import fs, fsync_dir, write_file
@@ -52,6 +53,12 @@ class SubmitRequest:
 
     program: str | Program
     args: list[str] = field(default_factory=list)
+    #: a directory stored with the program, which runs inside the copy (--bundle)
+    bundle: str | None = None
+    #: the most bytes the bundle may hold (--bundle-max)
+    bundle_max: int = DEFAULT_BUNDLE_MAX
+    #: run the program where it is, its digest checked before each launch (--in-place)
+    in_place: bool = False
     name: str = ""
     tag: str | None = None
     step: str = "main"
@@ -108,7 +115,11 @@ class Submitter:
 
     def _build(self, req: SubmitRequest) -> JobSpec:
         program = (
-            req.program if isinstance(req.program, Program) else self.store.resolve(req.program)
+            req.program
+            if isinstance(req.program, Program)
+            else self.store.resolve(
+                req.program, bundle=req.bundle, bundle_max=req.bundle_max, in_place=req.in_place
+            )
         )
         if req.tag is not None:
             names.check_tag(req.tag)

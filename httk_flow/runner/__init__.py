@@ -170,6 +170,17 @@ class Runner:
         return self.attempt_info.previous_end
 
     @property
+    def program_source(self) -> str | None:
+        """The absolute path the program was submitted from: a stored copy runs, so
+        files beside the original are found from here (None: not recorded)."""
+        return self.attempt_info.program_source
+
+    @property
+    def bundle_dir(self) -> str | None:
+        """The stored tree a `--bundle` program runs inside (None: not bundled)."""
+        return self.attempt_info.bundle_dir
+
+    @property
     def params(self) -> dict[str, ParamValue]:
         """Every parameter, with the type job.json holds (str, int, float or bool)."""
         typed = self._job_params()

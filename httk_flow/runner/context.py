@@ -56,6 +56,10 @@ class Attempt:
     previous_end: str | None
     durable: bool
     array_index: int | None
+    #: where the program was submitted from (FLOW_PROGRAM_SOURCE), and the bundle it
+    #: runs inside (FLOW_BUNDLE_DIR); None when the attempt has none
+    program_source: str | None = None
+    bundle_dir: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Attempt:
@@ -91,7 +95,14 @@ class Attempt:
             previous_end=prev if isinstance(prev, str) else None,
             durable=env.get(layout.ENV_DURABLE) == "1",
             array_index=int(index) if index else None,
+            program_source=env.get(layout.ENV_PROGRAM_SOURCE) or _str(ctx, "program_source"),
+            bundle_dir=env.get(layout.ENV_BUNDLE_DIR) or _str(ctx, "bundle_dir"),
         )
+
+
+def _str(ctx: dict[str, Any], key: str) -> str | None:
+    v = ctx.get(key)
+    return v if isinstance(v, str) else None
 
 
 def read_job_params(job_dir: str | None) -> dict[str, ParamValue] | None:
