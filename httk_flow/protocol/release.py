@@ -21,7 +21,7 @@ from httk_flow.protocol.handles import JobHandle
 from httk_flow.protocol.jobs import current_frame, fail, load_spec, register
 from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import transition
+from httk_flow.protocol.transition import install_dependency_hook, transition
 from httk_flow.protocol.workspace import Workspace
 
 _TERMINAL = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
@@ -335,3 +335,16 @@ def make_set(
             for decided in count_end(ws, h.key, h.state):
                 release_set(ws, decided, actor=actor)
     return set_id
+
+
+def _moved(ws: Workspace, old: JobHandle, new: JobHandle, actor: str) -> None:
+    """After every move of a dependent or into a terminal state (transition's hook)."""
+    if new.marker.after:
+        note_marker(ws, new)  # where its releaser finds it
+    elif old.marker.after:
+        forget_marker(ws, new)
+    if new.state.is_terminal and new.state is not old.state:
+        member_ended(ws, new, actor=actor)  # counted by the sets that wait for it
+
+
+install_dependency_hook(_moved)

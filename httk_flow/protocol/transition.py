@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from httk_flow.errors import FlowError, InvalidName, TransitionConflict
@@ -82,17 +83,20 @@ def transition(
     if ws.on_transition:
         for observer in ws.on_transition:
             observer(job, new, frame, note)
-    if after or job.marker.after or target.is_terminal:
-        from httk_flow.protocol import release
-
-        if after:
-            release.note_marker(ws, new)  # where its releaser finds it (§14)
-        elif job.marker.after:
-            release.forget_marker(ws, new)
-        if target.is_terminal and target is not job.state:
-            # a job that ended is counted by the dependency sets that wait for it (§14)
-            release.member_ended(ws, new, actor=actor)
+    if _dependency_hook is not None and (after or job.marker.after or target.is_terminal):
+        _dependency_hook(ws, job, new, actor)
     return new
+
+
+#: what a move means to the dependency sets (§14): installed by protocol/release.py, which
+#: the manager and ops import; it moves other jobs in turn, so transition cannot import it
+DependencyHook = Callable[[Workspace, JobHandle, JobHandle, str], None]
+_dependency_hook: DependencyHook | None = None
+
+
+def install_dependency_hook(hook: DependencyHook) -> None:
+    global _dependency_hook
+    _dependency_hook = hook
 
 
 #: where a job may be while it has dependencies not yet met
