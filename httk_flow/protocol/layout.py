@@ -447,3 +447,8 @@ def watch_dir(root: str) -> str:
 def watch_member(root: str, key: str) -> str:
     """The sets one job's end is counted in."""
     return os.path.join(watch_dir(root), key)
+
+
+def after_hint(job_dir: str) -> str:
+    """`<state> <marker>` of a dependent with unmet dependencies: a hint for its releaser."""
+    return os.path.join(job_dir, ".after-marker")

@@ -219,18 +219,17 @@ def _of_keys(
 
 #: up to this many dependents in one placement are looked up by their hints, not listed
 HINTED = 8
-_HINT = ".after-marker"
 
 
 def note_marker(ws: Workspace, h: JobHandle) -> None:
     """Leave `<state> <marker name>` of a dependent with unmet dependencies in its job
     directory: its releaser then finds it with one read and one lstat, not a listing of
     every job waiting beside it. Only a hint: a stale or missing one means a listing."""
-    d = ws.job_dir(h.placement, h.key)
-    tmp = os.path.join(d, f"{_HINT}.{os.urandom(4).hex()}")
+    hint = layout.after_hint(ws.job_dir(h.placement, h.key))
+    tmp = f"{hint}.{os.urandom(4).hex()}"
     try:
         write_file(tmp, f"{h.state.value} {h.marker.name}".encode(), durable=False)
-        os.replace(tmp, os.path.join(d, _HINT))
+        os.replace(tmp, hint)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -238,12 +237,12 @@ def note_marker(ws: Workspace, h: JobHandle) -> None:
 
 def forget_marker(ws: Workspace, h: JobHandle) -> None:
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(ws.job_dir(h.placement, h.key), _HINT))
+        os.unlink(layout.after_hint(ws.job_dir(h.placement, h.key)))
 
 
 def _hinted(ws: Workspace, placement: str, key: str, states: Iterable[State]) -> JobHandle | None:
     try:
-        raw = fs.read_bytes(os.path.join(ws.job_dir(placement, key), _HINT), 1024).decode()
+        raw = fs.read_bytes(layout.after_hint(ws.job_dir(placement, key)), 1024).decode()
         kind, _, name = raw.partition(" ")
         st = State(kind)
     except (OSError, ValueError):
