@@ -194,7 +194,7 @@ def run_batch(
         write_record(ws, dataclasses.replace(rec, submitted=counts["through"]))
         if progress is not None:
             progress(n)
-        if stop():
+        if stop() and counts["through"] < plan.total:  # after the last one, nothing is left
             raise _Stop
 
     if progress is not None and skip:
