@@ -30,6 +30,7 @@ DOCUMENTED = {
     layout.heartbeat_file(layout.manager_dir(WS, "<id>")),
     layout.stopped_file(layout.manager_dir(WS, "<id>")),
     layout.tmp_dir(WS) + "/",
+    layout.batch_file(WS, "<batch>"),
     layout.maintenance_file(WS),
     layout.fsck_lock(WS),
     layout.lost_found(WS) + "/",

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
-from typing import IO, Any
+from typing import Any
 
 import click
 
 from httk_flow.cli.app import App
 from httk_flow.cli.options import workspace_option
+from httk_flow.cli.submit_bulk import SHOW_IDS, submit_bulk
 from httk_flow.errors import UsageError
 from httk_flow.ops import depend
-from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
-from httk_flow.protocol.after import AfterPolicy
+from httk_flow.protocol.after import After, AfterPolicy
 from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
@@ -23,10 +21,6 @@ from httk_flow.protocol.jobspec import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRIES
 from httk_flow.protocol.names import DEFAULT_PRIORITY
 from httk_flow.protocol.resources import Request
 from httk_flow.protocol.submit import SubmitRequest, Submitter
-
-#: past this many jobs a terminal gets a summary line instead of every id
-SHOW_IDS = 20
-
 
 #: options of ours that are not worth a warning when they follow PROGRAM
 _NO_WARNING = frozenset({"--help"})
@@ -265,6 +259,14 @@ class SubmitCommand(click.Command):
     help="When a dependency does not succeed: ok cancels this job, fail fails it, wait "
     "keeps it waiting (a failed one may be resumed), any runs it anyway.",
 )
+@click.option(
+    "--batch-id",
+    "batch_id",
+    default=None,
+    metavar="KEY",
+    help="Name the --from/--array batch (default: b- and a digest of the input and "
+    "options); running the same command again completes it, and submits nothing twice.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
@@ -288,6 +290,7 @@ def submit(
     after: tuple[str, ...],
     after_policy: str,
     bundle_max: str | None,
+    batch_id: str | None,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -296,6 +299,11 @@ def submit(
         raise UsageError("give a PROGRAM to run, or --from FILE.jsonl", obj="flow submit")
     if array and from_file:
         raise UsageError("--array and --from cannot be combined", obj="flow submit")
+    if batch_id is not None and array is None and from_file is None:
+        raise UsageError(
+            "names a batch of --from or --array; a single job is always submitted",
+            obj=f"--batch-id {batch_id}",
+        )
     base = SubmitRequest(
         program=program or "",
         args=list(args),
@@ -310,48 +318,38 @@ def submit(
         **opts,
     )
     ws = app.ws
-    if after:
-        deps = depend.prepare(ws, after, AfterPolicy(after_policy), actor="submit")
-        base = dataclasses.replace(base, after=deps.after)
+    policy = AfterPolicy(after_policy)
     submitter = Submitter(ws)
-    with ExitStack() as stack:
-        make: Callable[[], Iterator[SubmitRequest]]
-        total: int | None
-        if from_file is not None:
-            if from_file == "-":
-                data = sys.stdin.buffer.read()
-                lines: list[bytes] = data.splitlines(keepends=True)
-                make = lambda: jsonl_requests(iter(lines), base, "<stdin>")  # noqa: E731
-            else:
-                fh: IO[bytes] = stack.enter_context(_open(from_file))
+    if array is not None or from_file is not None:
+        sets_of: Callable[[str], tuple[After, ...]] | None = None
+        # the batch's digest covers the selectors; its sets are named after the batch, so
+        # a re-run that completes it waits for the same sets (protocol.md §14)
+        if after:
+            base = dataclasses.replace(base, after=depend.placeholders(after, policy))
 
-                def make() -> Iterator[SubmitRequest]:
-                    fh.seek(0)
-                    return jsonl_requests(fh, base, from_file)
+            def sets_of(batch: str) -> tuple[After, ...]:
+                return depend.prepare(ws, after, policy, actor="submit", seed=batch).after
 
-            # validate every line before publishing any job
-            total = sum(1 for req in make() if submitter.build(req) is not None)
-        elif array is not None:
-            indices = parse_array(array)
-            make = lambda: array_requests(base, indices)  # noqa: E731
-            total = sum(len(r) for r in indices)
-        else:
-            make = lambda: iter([base])  # noqa: E731
-            total = 1
-        jobs = _run(app, submitter, make(), total)
+        return submit_bulk(
+            app,
+            submitter,
+            base,
+            from_file=from_file,
+            array=array,
+            batch_id=batch_id,
+            as_json=as_json,
+            after=sets_of,
+        )
+    if after:
+        deps = depend.prepare(ws, after, policy, actor="submit")
+        base = dataclasses.replace(base, after=deps.after)
+    jobs = _run(app, submitter, iter([base]), 1)
     if as_json:
         app.json({"jobs": jobs})
     elif len(jobs) > SHOW_IDS and app.is_terminal:
         app.echo(f"submitted {len(jobs)} jobs to {ws.root}; see them with `flow status`")
     else:
         app.echo("\n".join(j["id"] for j in jobs))
-
-
-def _open(path: str) -> IO[bytes]:
-    try:
-        return open(path, "rb")
-    except OSError as e:
-        raise UsageError(f"cannot be read ({e.strerror})", obj=f"--from {path!r}") from e
 
 
 def _params(items: tuple[str, ...]) -> dict[str, str | int | float | bool]:

@@ -3,6 +3,7 @@ before its first job is published (protocol.md §14)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,10 +57,12 @@ def prepare(
     *,
     actor: str,
     own_group: str | None = None,
+    seed: str | None = None,
 ) -> Dependencies:
     """Resolve every selector now (a dependency names jobs that exist, so no cycle can
     form) and publish one set each; a selector naming no job, or the submission's own
-    group, is refused before anything is written."""
+    group, is refused before anything is written. With `seed` (a batch id) each set's id
+    is derived from it and the selector, so a re-run of the batch finds the same sets."""
     if len(selectors) > MAX_AFTER:
         raise UsageError(f"at most {MAX_AFTER} may be given", obj="--after")
     resolved: list[tuple[str, list[JobHandle]]] = []
@@ -78,7 +81,9 @@ def prepare(
         resolved.append((text, members))
     after = []
     for text, members in resolved:
-        set_id = make_set(ws, text, policy, members, actor=actor)
+        set_id = make_set(
+            ws, text, policy, members, actor=actor, set_id=_set_id(seed, text, policy)
+        )
         after.append(After(set_id, text, policy))
     return Dependencies(tuple(after), tuple(len(m) for _, m in resolved))
 
@@ -128,3 +133,15 @@ def dependencies_of(ws: Workspace, job: JobHandle) -> list[DependencyView]:
         st = sets.status(a.set, count=True)
         out.append(DependencyView(a, st.members, dict(st.ended or {}), st.complete, st.broken))
     return out
+
+
+def _set_id(seed: str | None, selector: str, policy: AfterPolicy) -> str | None:
+    if seed is None:
+        return None
+    return hashlib.sha256(f"{seed}\0{selector}\0{policy.value}".encode()).hexdigest()[:20]
+
+
+def placeholders(selectors: Sequence[str], policy: AfterPolicy) -> tuple[After, ...]:
+    """What a batch's digest sees of its --after before the sets exist: the selectors and
+    the policy (the sets are named after the batch once its id is known)."""
+    return tuple(After("0" * 20, s.strip(), policy) for s in dict.fromkeys(selectors))

@@ -19,18 +19,20 @@ from dataclasses import dataclass, field
 from filelock import FileLock, Timeout
 
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.protocol import layout, leases, names
+from httk_flow.protocol import layout, leases, names, staging
 from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.frames import Frame
+from httk_flow.protocol.fsio import fsync_dir
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.journal import iter_segment
 from httk_flow.protocol.leases import Liveness
 from httk_flow.protocol.states import State
+from httk_flow.protocol.submit import move_birth
 from httk_flow.protocol.transition import JobHandle, locate_key
 from httk_flow.protocol.workspace import Workspace
 
 #: a temporary or unreferenced payload younger than this may belong to a live operation
-GRACE = 3600.0
+GRACE = staging.STAGING_GRACE
 #: why the lock file cannot be created that mean "this workspace is not writable here":
 #: then fsck checks read-only rather than not at all
 _READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM})
@@ -252,30 +254,52 @@ class Fsck:
             if key in self.keys:
                 continue
             age = self.now - _mtime(path)
+            born = _birth_marker(path)
+            if born is not None and (age >= GRACE or self.repair):
+                self._unborn(path, _placement, key, born, age)
+                continue
             if age < GRACE:
                 continue  # perhaps a submission or a commit in progress
             if locate_key(self.ws, _placement, key) is not None:
                 continue  # it moved to a state already walked while we walked
-            born = _birth_marker(path)
-            if born is not None:
-                # a published payload whose marker was never moved out (protocol.md §6):
-                # a job, not litter, so never moved to lost+found
-                target = self.ws.state_dir(State.SUBMITTED, _placement)
-                self._problem(
-                    "orphan_payload",
-                    path,
-                    f"its registration stopped before its marker {born} was moved out "
-                    f"({age / 3600:.1f} h old); move {born} to {target}/"
-                    f"{born[len(names.BIRTH_PREFIX) :]} to publish the job, or remove "
-                    "the directory",
-                )
-                continue
             self._problem(
                 "orphan_payload",
                 path,
                 f"a job directory without a marker ({age / 3600:.1f} h old)",
                 fix=path,
             )
+
+    def _unborn(self, path: str, placement: str, key: str, born: str, age: float) -> None:
+        """A published payload whose birth marker was never moved out (protocol.md §6): a
+        job, never litter. Completing it is one rename of that marker, which only one
+        registrant can make, so --repair does it at any age, even beside a live one."""
+        message = (
+            f"its registration stopped before its marker {born} was moved out "
+            f"({age / 3600:.1f} h old)"
+        )
+        if not self.repair:
+            self.report.problems.append(
+                Problem(
+                    "orphan_payload",
+                    path,
+                    f"{message}; `flow fsck --repair` publishes the job",
+                    fixable=True,
+                )
+            )
+            return
+        try:
+            moved = move_birth(self.ws, placement, key, born)
+        except OSError as e:
+            self._problem("orphan_payload", path, f"{message}; publishing it failed: {e}")
+            return
+        if moved is None:
+            return  # its own registrant moved it out meanwhile: nothing was wrong
+        if self.ws.policy.durable:
+            fsync_dir(moved)
+        self.report.markers += 1
+        self.report.problems.append(
+            Problem("orphan_payload", path, f"{message}; published it", True, True)
+        )
 
     def _job_dirs(self, d: str, placement: str) -> Iterator[tuple[str, str, str]]:
         try:
@@ -300,7 +324,8 @@ class Fsck:
         except OSError:
             return
         for e in entries:
-            if self.now - _mtime(e.path) < GRACE:
+            # a staging directory whose submitter is gone on this host is no one's: at once
+            if not staging.removable(e.name, self.now - _mtime(e.path)):
                 continue
             self.report.problems.append(
                 Problem(

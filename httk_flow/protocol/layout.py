@@ -263,6 +263,16 @@ def lost_found(root: str) -> str:
     return os.path.join(root, FLOW_DIR, "lost+found")
 
 
+def batches_dir(root: str) -> str:
+    """Bulk submission records: one per batch id (made on first use)."""
+    return os.path.join(root, FLOW_DIR, "batches")
+
+
+def batch_file(root: str, key: str) -> str:
+    """The record of one bulk submission, by its batch id."""
+    return os.path.join(batches_dir(root), f"{key}.json")
+
+
 def allocations_dir(root: str) -> str:
     """The reconciler's records: one per allocation, the pause, its lease."""
     return os.path.join(root, FLOW_DIR, _ALLOCATIONS)

@@ -40,6 +40,7 @@ from httk_flow.protocol.names import BIRTH_PREFIX, Marker
 from httk_flow.protocol.programs import ProgramStore
 from httk_flow.protocol.resources import DEFAULT_REQUEST, Request
 from httk_flow.protocol.services import ServiceClass, ServiceRegistry
+from httk_flow.protocol.staging import staging_name
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -103,6 +104,9 @@ class Submitter:
         #: the last request whose job.json was parsed back: array members differ from it
         #: only in their index and id, which cannot make job.json unreadable
         self._checked: SubmitRequest | None = None
+        #: ids of the last batch's jobs an idempotent publish found published already
+        #: (a resumed bulk submission counts them as in before it)
+        self.found: set[str] = set()
 
     def build(self, req: SubmitRequest) -> JobSpec:
         """Validate a request into a JobSpec (no file is written)."""
@@ -234,10 +238,12 @@ class Submitter:
         or two that race, can never give one job two markers."""
         ws, durable = self.ws, self.ws.policy.durable
         staged: list[tuple[JobSpec, str | None]] = []  # (spec, tmp payload or None: exists)
+        self.found = set()
         try:
             for spec, req in batch:
                 final = ws.job_dir(spec.placement, spec.key)
                 if idempotent and fs.exists(final):
+                    self.found.add(spec.id)
                     staged.append((spec, None))  # completed below: O(1) listings, no payload
                     continue
                 staged.append((spec, self._stage(spec, req)))
@@ -307,7 +313,7 @@ class Submitter:
     def _stage(self, spec: JobSpec, req: SubmitRequest) -> str:
         """The job's payload assembled under .flow/tmp (a name of its own: a submitter
         killed mid-payload leaves its tmp behind for a replay to meet)."""
-        tmp = os.path.join(self.ws.tmp, f"job-{spec.id}.{os.urandom(4).hex()}")
+        tmp = os.path.join(self.ws.tmp, staging_name(spec.id))
         os.mkdir(tmp)
         try:
             raw = self._raw.pop(spec.id, None) or spec.to_json()
@@ -324,28 +330,33 @@ class Submitter:
         the state directory it went to. `born`: its name when this submitter made the
         payload (no listing needed); None: whoever made it, one listing finds it. No birth
         marker: the job is published already."""
-        ws = self.ws
-        job_dir = ws.job_dir(spec.placement, spec.key)
-        born = born or _birth_marker(job_dir)
-        if born is None:
-            return None
-        d = ws.state_dir(State.SUBMITTED, spec.placement)
-        src, dst = os.path.join(job_dir, born), os.path.join(d, born[len(BIRTH_PREFIX) :])
+        return move_birth(self.ws, spec.placement, spec.key, born)
+
+
+def move_birth(ws: Workspace, placement: str, key: str, born: str | None = None) -> str | None:
+    """Complete a registration (Submitter._move_birth; `flow fsck --repair` too): only one
+    rename of the birth marker succeeds, so a job completed twice keeps one marker."""
+    job_dir = ws.job_dir(placement, key)
+    born = born or _birth_marker(job_dir)
+    if born is None:
+        return None
+    d = ws.state_dir(State.SUBMITTED, placement)
+    src, dst = os.path.join(job_dir, born), os.path.join(d, born[len(BIRTH_PREFIX) :])
+    ws.ensure_dir(d)
+    try:
+        fs.rename(src, dst)
+    except FileNotFoundError:
+        if os.path.isdir(d):
+            return None  # another registrant moved it out first: still one marker
+        ws.forget_dir(d)  # the state directory was retired meanwhile: make it again
         ws.ensure_dir(d)
         try:
             fs.rename(src, dst)
         except FileNotFoundError:
-            if os.path.isdir(d):
-                return None  # another registrant moved it out first: still one marker
-            ws.forget_dir(d)  # the state directory was retired meanwhile: make it again
-            ws.ensure_dir(d)
-            try:
-                fs.rename(src, dst)
-            except FileNotFoundError:
-                return None
-        if ws.policy.durable:
-            fsync_dir(job_dir)
-        return d
+            return None
+    if ws.policy.durable:
+        fsync_dir(job_dir)
+    return d
 
 
 def _check_times(req: SubmitRequest) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 FLOW = [sys.executable, "-m", "httk_flow"]
 
@@ -47,3 +48,30 @@ def test_a_dependent_waits_with_its_reason_and_runs_after_its_dependency(ws: str
     jobs = json.loads(flow(ws, "list", "--json").stdout)["jobs"]
     states = {j["id"]: j["state"] for j in jobs}
     assert states == {first: "succeeded", second: "succeeded"}
+
+
+def test_an_array_after_a_tag_names_its_sets_after_the_batch_and_a_rerun_adds_nothing(
+    ws: str,
+) -> None:
+    flow(ws, "submit", "--tag", "first", "true")
+    r = flow(ws, "submit", "--after", "tag:first", "--array", "1-5", "--json", "true")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["submitted"] == 5
+    sets = {
+        a["set"]
+        for j in doc["jobs"]
+        for a in json.loads((Path(ws) / j["placement"] / j["key"] / "job.json").read_text())[
+            "after"
+        ]
+    }
+    [set_id] = sets
+    assert set_id != "0" * 20 and (Path(ws) / ".flow" / "after" / set_id / "set.json").exists()
+    again = flow(ws, "submit", "--after", "tag:first", "--array", "1-5", "true")
+    assert again.returncode == 0
+    assert "all 5 jobs were submitted already; nothing new" in again.stderr
+    assert sorted(p.name for p in (Path(ws) / ".flow" / "after").iterdir()) == [set_id]
+    other = flow(
+        ws, "submit", "--after", "tag:first", "--after-policy", "any", "--array", "1-5", "true"
+    )
+    assert other.returncode == 0 and "nothing new" not in other.stderr

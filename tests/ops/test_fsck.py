@@ -559,7 +559,7 @@ def test_a_job_held_by_a_manager_without_a_heartbeat_is_reported_after_the_takeo
     assert _fsck_at(flow, monkeypatch, since + 300) == _one_problem(flow, ghost)
 
 
-def test_a_payload_whose_birth_marker_was_never_moved_out_is_reported_never_moved(
+def test_a_payload_whose_birth_marker_was_never_moved_out_is_published_by_repair(
     flow: Flow,
 ) -> None:
     r = subprocess.run(
@@ -576,12 +576,20 @@ def test_a_payload_whose_birth_marker_was_never_moved_out_is_reported_never_move
     target = (
         Path(flow.root) / ".flow" / "state" / "submitted" / payload.parent.relative_to(flow.root)
     )
-    line = (
-        f"problem: orphan_payload: {payload}: its registration stopped before its marker "
-        f"{born} was moved out (2.0 h old); move {born} to {target}/"
-        f"{born.removeprefix('.birth.')} to publish the job, or remove the directory"
+    why = (
+        f"orphan_payload: {payload}: its registration stopped before its marker "
+        f"{born} was moved out (2.0 h old)"
     )
-    for args in (("fsck",), ("fsck", "--repair")):
-        r = flow(*args)
-        assert (r.exit_code, r.output) == (1, f"{summary(flow, 0, 1)}\n{line}\n")
-    assert (payload / born).is_file(), "a job's payload was moved to lost+found"
+    r = flow("fsck")
+    assert (r.exit_code, r.output) == (
+        1,
+        f"{summary(flow, 0, 1)}\nproblem: {why}; `flow fsck --repair` publishes the job\n"
+        "run `flow fsck --repair` to fix what is safe to fix\n",
+    )
+    r = flow("fsck", "--repair")
+    assert (r.exit_code, r.output) == (0, f"{summary(flow, 1, 1)}\nrepaired: {why}; published it\n")
+    # the job is whole: its payload where it was, its one marker in submitted/
+    assert [p.name for p in target.iterdir()] == [born.removeprefix(".birth.")]
+    assert not (payload / born).exists() and (payload / "job.json").is_file()
+    r = flow("fsck")
+    assert (r.exit_code, r.output) == (0, f"{summary(flow, 1, 1)}\nclean\n")
