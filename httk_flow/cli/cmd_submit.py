@@ -14,6 +14,7 @@ from httk_flow.cli.options import workspace_option
 from httk_flow.errors import UsageError
 from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
 from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.groups import default_group
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
 from httk_flow.protocol.jobspec import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRIES
 from httk_flow.protocol.names import DEFAULT_PRIORITY
@@ -225,6 +226,16 @@ class SubmitCommand(click.Command):
     metavar="FILE.jsonl",
     help="One job per JSON line ('-' = stdin).",
 )
+@click.option(
+    "--group",
+    default=None,
+    metavar="NAME",
+    help="The group the jobs join (default: one new group per submission, "
+    "sub-YYYYmmdd-HHMMSS-xxxx); select them with --group NAME.",
+)
+@click.option(
+    "--hold", is_flag=True, help="Register the jobs paused: nothing runs until `flow release`."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
@@ -245,6 +256,7 @@ def submit(
     array: str | None,
     from_file: str | None,
     input_max: str | None,
+    group: str | None,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -263,6 +275,7 @@ def submit(
         resources=Request.build(cpus=cpus, gpus=gpus, mem=mem, custom=list(resources)),
         time=parse_duration(time_, "--time") if time_ else None,
         time_limit=parse_duration(time_limit, "--time-limit") if time_limit else None,
+        group=group or default_group(),
         **opts,
     )
     ws = app.ws
@@ -293,11 +306,17 @@ def submit(
             total = 1
         jobs = _run(app, submitter, make(), total)
     if as_json:
-        app.json({"jobs": jobs})
+        app.json({"jobs": jobs, "group": base.group})
     elif len(jobs) > SHOW_IDS and app.is_terminal:
-        app.echo(f"submitted {len(jobs)} jobs to {ws.root}; see them with `flow status`")
+        app.echo(
+            f"submitted {len(jobs)} jobs to {ws.root} as group {base.group}; see them with "
+            f"`flow status --group {base.group}`"
+        )
     else:
         app.echo("\n".join(j["id"] for j in jobs))
+        if app.is_terminal:
+            # ids alone when captured (`id=$(flow submit ...)`); a person is told the group
+            app.echo(f"group {base.group}")
 
 
 def _open(path: str) -> IO[bytes]:

@@ -60,14 +60,23 @@ def register(
     except FlowError as e:
         return fail(ws, job, None, "protocol_error", e.render(), actor=actor)
     try:
-        spec = load_spec(ws, job.placement, job.key)
-        if spec.program.digest and not fs.exists(ws.program_path(spec.program.digest)):
-            raise InvalidJob("names a program that is not in the program store", obj=job.key)
+        spec = registrable(ws, job)
     except FlowError as e:
         return fail(ws, job, frame, "protocol_error", e.render(), actor=actor)
+    if spec.hold:
+        # `flow submit --hold`: registered, but nothing runs until `flow release`
+        return transition(ws, job, State.PAUSED, frame.body.carry(why="held"), actor=actor)
     if specs is not None:
         specs[job.key] = spec
     return transition(ws, job, State.READY, frame.body.carry(), actor=actor)
+
+
+def registrable(ws: Workspace, job: JobHandle) -> JobSpec:
+    """The definition registration accepts; FlowError says why it would fail the job."""
+    spec = load_spec(ws, job.placement, job.key)
+    if spec.program.digest and not fs.exists(ws.program_path(spec.program.digest)):
+        raise InvalidJob("names a program that is not in the program store", obj=job.key)
+    return spec
 
 
 def fail(

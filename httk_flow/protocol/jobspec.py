@@ -83,6 +83,10 @@ class JobSpec:
     time_limit_factor: float = 1.0
     #: what each attempt holds while it runs (CPUs, GPUs, memory, site resources)
     resources: Request = DEFAULT_REQUEST
+    #: the job's group (its digest is in the marker); None: none
+    group: str | None = None
+    #: registration moves the job to paused, not ready (`flow submit --hold`)
+    hold: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def time_limit_after(self, timeouts: int) -> float | None:
@@ -131,6 +135,10 @@ class JobSpec:
             d.update(time_limit=self.time_limit, time_limit_factor=self.time_limit_factor)
         if not self.resources.is_default:
             d["resources"] = self.resources.to_json()
+        if self.group is not None:
+            d["group"] = self.group
+        if self.hold:
+            d["hold"] = True
         return d
 
     def to_json(self) -> bytes:
@@ -185,7 +193,7 @@ _KNOWN = frozenset(
     (
         "format id key tag name program args step params priority placement pool requires "
         "time retries max_attempts workdir require_outcome parent array_index created "
-        "time_limit time_limit_factor resources"
+        "time_limit time_limit_factor resources group hold"
     ).split()
 )
 
@@ -298,6 +306,9 @@ def _parse(data: object) -> JobSpec:
             label=names.check_label(_get(pdata, "label", str)),
         )
     array_index = _get(data, "array_index", int, None)
+    group = _get(data, "group", str, None)
+    if group is not None:
+        names.check_group(group)
     name = _get(data, "name", str, "")
     if len(name) > 256:
         raise _Bad("member 'name' is longer than 256 characters")
@@ -325,5 +336,7 @@ def _parse(data: object) -> JobSpec:
         time_limit=float(time_limit) if time_limit is not None else None,
         time_limit_factor=float(factor),
         resources=Request.from_json(data.get("resources"), "resources"),
+        group=group,
+        hold=_get(data, "hold", bool, False),
         extra={k: v for k, v in data.items() if k not in _KNOWN},
     )
