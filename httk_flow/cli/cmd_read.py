@@ -10,16 +10,15 @@ from typing import Any
 import click
 
 from httk_flow.cli.app import App
-from httk_flow.cli.options import workspace_option
+from httk_flow.cli.options import selector_options, workspace_option
 from httk_flow.errors import UsageError
 from httk_flow.ops import lookup
+from httk_flow.ops.select import Selection, one, select
 from httk_flow.protocol import jobs
 from httk_flow.protocol.durations import format_duration
 from httk_flow.protocol.jobspec import duration_words
 from httk_flow.protocol.resources import Request
 from httk_flow.protocol.states import State
-
-STATE_NAMES = [s.value for s in State]
 
 
 def _limit(seconds: float | None) -> str:
@@ -42,6 +41,7 @@ COLUMNS: dict[str, tuple[str, Callable[[lookup.JobRow], object]]] = {
     "fullid": ("ID", lambda r: r.handle.job_id),
     "key": ("KEY", lambda r: r.handle.key),
     "tag": ("TAG", lambda r: r.handle.marker.tag),
+    "group": ("GROUP", lambda r: r.group),
     "state": ("STATE", lambda r: r.handle.state.value),
     "step": ("STEP", lambda r: r.step),
     "prio": ("PRIO", lambda r: r.handle.marker.priority),
@@ -75,14 +75,8 @@ def _columns(spec: str) -> list[str]:
 
 
 @click.command("list")
-@click.option(
-    "--state",
-    "states",
-    multiple=True,
-    type=click.Choice(STATE_NAMES),
-    help="Only jobs in this state (repeatable).",
-)
-@click.option("--tag", default=None, help="Only jobs with this tag.")
+@click.argument("idents", nargs=-1, metavar="[JOB]...")
+@selector_options(state_help="Only jobs in this state (repeatable).")
 @click.option("--failed-code", default=None, help="Only failed jobs with this failure code.")
 @click.option(
     "--interrupted",
@@ -104,19 +98,22 @@ def _columns(spec: str) -> list[str]:
 def list_(
     app: App,
     /,
-    states: tuple[str, ...],
-    tag: str | None,
+    sel: Selection,
     failed_code: str | None,
     interrupted: bool,
     limit: int | None,
     columns: str | None,
     as_json: bool,
 ) -> None:
-    """One row per job."""
+    """One row per job (of the selected ones: JOB idents, --tag, --group, --state)."""
     names = _columns(columns) if columns is not None else None
-    sel = tuple(State(s) for s in states) or tuple(State)
     rows = lookup.list_rows(
-        app.ws, sel, tag=tag, limit=limit, failed_code=failed_code, interrupted=interrupted
+        app.ws,
+        sel.states or tuple(State),
+        limit=limit,
+        failed_code=failed_code,
+        interrupted=interrupted,
+        jobs=select(app.ws, sel),
     )
     if as_json:
         app.json({"jobs": [r.to_json() for r in rows]})
@@ -133,19 +130,21 @@ def list_(
 
 
 @click.command("show")
-@click.argument("job")
+@click.argument("idents", nargs=-1, metavar="[JOB]")
+@selector_options()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
-def show(app: App, /, job: str, as_json: bool) -> None:
-    """Definition, current state and attempts of JOB."""
+def show(app: App, /, sel: Selection, as_json: bool) -> None:
+    """Definition, current state and attempts of JOB (exactly one selected job)."""
     ws = app.ws
-    v = lookup.view(ws, lookup.find(ws, job))
+    v = lookup.view(ws, one(ws, sel))
     h = v.handle
     doc: dict[str, Any] = {
         "id": h.job_id,
         "key": h.key,
         "tag": h.marker.tag,
+        "group": v.spec.group if v.spec else None,
         "state": h.state.value,
         "step": v.step,
         "generation": h.marker.generation,
@@ -186,6 +185,8 @@ def show(app: App, /, job: str, as_json: bool) -> None:
     if spec:
         if spec.name:
             lines.insert(1, ("name", spec.name))
+        if spec.group:
+            lines.insert(lines.index(("state", h.state.value)), ("group", spec.group))
         prog = spec.program.name or spec.program.command
         lines.append(("program", " ".join([str(prog), *spec.args])))
         if spec.array_index is not None:

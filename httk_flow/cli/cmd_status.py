@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 from httk_flow.cli.app import App
-from httk_flow.cli.options import workspace_option
+from httk_flow.cli.options import selector_options, workspace_option
+from httk_flow.ops.select import Selection
 from httk_flow.ops.status import GroupBy, Snapshot, StatusReport, watch, workspace_status
 from httk_flow.protocol.durations import format_duration, parse_duration
 from httk_flow.protocol.states import State
@@ -16,10 +17,11 @@ from httk_flow.protocol.states import State
 @click.command("status")
 @click.option(
     "--by",
-    type=click.Choice(["state", "placement", "step", "tag"]),
+    type=click.Choice(["state", "placement", "step", "tag", "group"]),
     default="state",
     show_default=True,
 )
+@selector_options(state_help="Count only jobs in this state (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @click.option(
     "--watch",
@@ -33,12 +35,13 @@ from httk_flow.protocol.states import State
 )
 @workspace_option
 @click.pass_obj
-def status(app: App, /, by: GroupBy, as_json: bool, every: str | None) -> None:
-    """Counts per state, live managers and blocked reasons."""
+def status(app: App, /, by: GroupBy, sel: Selection, as_json: bool, every: str | None) -> None:
+    """Counts per state, live managers and blocked reasons (of the selected jobs only,
+    with --tag/--group/--state)."""
     if every is not None:
-        _watch(app, by, parse_duration(every, "--watch"), as_json)
+        _watch(app, by, parse_duration(every, "--watch"), as_json, sel)
         return
-    r = workspace_status(app.ws, by=by)
+    r = workspace_status(app.ws, by=by, sel=sel)
     if as_json:
         app.json(_doc(r, by))
     else:
@@ -116,11 +119,11 @@ def _pace(snap: Snapshot) -> str:
     return f"{snap.rate:.1f} jobs/s{eta}"
 
 
-def _watch(app: App, by: GroupBy, every: float, as_json: bool) -> None:
+def _watch(app: App, by: GroupBy, every: float, as_json: bool, sel: Selection) -> None:
     """Every snapshot the package yields, rendered, until Ctrl-C: a live view on a terminal;
     otherwise one plain block per snapshot (the `flow status` text, a throughput line and
     a blank line), or one JSON line per snapshot with --json."""
-    snapshots = watch(app.ws, by=by, every=every)
+    snapshots = watch(app.ws, by=by, every=every, sel=sel)
     try:
         if as_json:
             for snap in snapshots:

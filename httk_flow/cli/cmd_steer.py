@@ -1,59 +1,76 @@
-"""`flow cancel`, `pause`, `resume`, `priority`, `requests`, `wait` and `logs`."""
+"""`flow cancel`, `pause`, `resume`, `release`, `priority`, `requests`, `wait` and `logs`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 from httk_flow.cli.app import App
-from httk_flow.cli.options import workspace_option
+from httk_flow.cli.options import selector_options, workspace_option
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.ops import lookup, steering
+from httk_flow.ops import steering
 from httk_flow.ops.logs import read_log
-from httk_flow.ops.waiting import wait_jobs
-from httk_flow.protocol import jobs, names, requests
+from httk_flow.ops.select import Selection, one, select
+from httk_flow.ops.waiting import wait_jobs, waited
+from httk_flow.protocol import names, requests
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
 
-STATE_NAMES = [s.value for s in State]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-#: the states in which a bulk selection (--state/--all) would change a job; others are
-#: left out of the count and of the run (cancelling a finished job changes nothing)
+#: the states in which a bulk selection (--tag/--group/--state/--all) would change a
+#: job; others are left out of the count and of the run (cancelling a finished job
+#: changes nothing)
 _CHANGES: dict[str, frozenset[State]] = {
     "cancel": frozenset(State) - {State.SUCCEEDED, State.CANCELLED, State.CANCELLING},
     "pause": frozenset(
-        {State.READY, State.WAITING, State.CLAIMED, State.RUNNING, State.COMMITTING}
+        {
+            State.SUBMITTED,
+            State.READY,
+            State.WAITING,
+            State.CLAIMED,
+            State.RUNNING,
+            State.COMMITTING,
+        }
     ),
     "resume": frozenset({State.PAUSED, State.FAILED}),
+    "release": frozenset({State.PAUSED}),
     "reprioritise": frozenset(
-        {State.READY, State.WAITING, State.PAUSED, State.CLAIMED, State.RUNNING, State.COMMITTING}
+        {
+            State.SUBMITTED,
+            State.READY,
+            State.WAITING,
+            State.PAUSED,
+            State.CLAIMED,
+            State.RUNNING,
+            State.COMMITTING,
+        }
     ),
 }
 
 
-def _select(
-    app: App, idents: tuple[str, ...], states: tuple[str, ...], all_: bool, verb: str, yes: bool
-) -> list[JobHandle]:
-    ws = app.ws
-    if idents and (states or all_):
-        raise UsageError("name jobs, or use --state/--all, not both", obj=f"flow {verb}")
-    if idents:
-        return [lookup.find(ws, i) for i in idents]
-    if not states and not all_:
-        raise UsageError("name at least one JOB (or --state KIND / --all)", obj=f"flow {verb}")
-    sel = tuple(State(s) for s in states) if states else tuple(State)
-    found = list(jobs.all_jobs(ws, sel))
+def _select(app: App, sel: Selection, verb: str, yes: bool) -> list[JobHandle]:
+    """The jobs to steer: the named ones as they are (each must name one job); a bulk
+    selection only where it changes something, confirmed on a terminal."""
+    if sel.empty:
+        raise UsageError(
+            "name at least one JOB (or --tag TAG / --group GROUP / --state KIND / --all)",
+            obj=f"flow {verb}",
+        )
+    found = list(select(app.ws, sel))
+    if sel.idents:
+        return found
     changing = [h for h in found if h.state in _CHANGES[verb]]
     if changing and app.is_terminal and not yes:
         left = len(found) - len(changing)
         rest = f" ({left} other job(s) left as they are)" if left else ""
         click.confirm(f"{verb} {len(changing)} job(s){rest}?", abort=True, err=True)
-    return changing
+    return changing if verb != "release" else found
 
 
 def _apply(
@@ -87,6 +104,8 @@ def _apply(
         }
         if r.note:
             row["note"] = r.note
+        if r.skipped:
+            row["skipped"] = True
         done.append(row)
         if not as_json and not quiet:
             note = f" ({r.note})" if r.note else ""
@@ -113,8 +132,7 @@ _STATE_HELP = "Every job in this state (repeatable)."
 
 @click.command("cancel")
 @click.argument("idents", nargs=-1, metavar="[JOB]...")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES), help=_STATE_HELP)
-@click.option("--all", "all_", is_flag=True, help="Every job.")
+@selector_options(state_help=_STATE_HELP)
 @click.option("--reason", default="", help="Recorded in the job's history.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_reporting
@@ -123,16 +141,14 @@ _STATE_HELP = "Every job in this state (repeatable)."
 def cancel(
     app: App,
     /,
-    idents: tuple[str, ...],
-    states: tuple[str, ...],
-    all_: bool,
+    sel: Selection,
     reason: str,
     yes: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
     """Cancel jobs; a running job is fenced and its process group stopped."""
-    handles = _select(app, idents, states, all_, "cancel", yes)
+    handles = _select(app, sel, "cancel", yes)
     owners = steering.Owners(app.ws)  # read once, on the first running job
     _apply(
         app,
@@ -145,8 +161,7 @@ def cancel(
 
 @click.command("pause")
 @click.argument("idents", nargs=-1, metavar="[JOB]...")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES), help=_STATE_HELP)
-@click.option("--all", "all_", is_flag=True, help="Every job.")
+@selector_options(state_help=_STATE_HELP)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_reporting
 @workspace_option
@@ -154,29 +169,24 @@ def cancel(
 def pause(
     app: App,
     /,
-    idents: tuple[str, ...],
-    states: tuple[str, ...],
-    all_: bool,
+    sel: Selection,
     yes: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Pause jobs (a running job pauses when its attempt ends)."""
-    handles = _select(app, idents, states, all_, "pause", yes)
+    """Pause jobs (a running job pauses when its attempt ends; a submitted one at once)."""
+    handles = _select(app, sel, "pause", yes)
     _apply(app, handles, steering.pause, as_json=as_json, quiet=quiet)
 
 
 @click.command("resume")
 @click.argument("idents", nargs=-1, metavar="[JOB]...")
 @click.option("--step", default=None, help="Continue at this step.")
-@click.option(
-    "--state",
-    "states",
-    multiple=True,
-    type=click.Choice(["paused", "failed"]),
-    help="Every paused (or failed) job (repeatable).",
+@selector_options(
+    states=("paused", "failed"),
+    state_help="Every paused (or failed) job (repeatable).",
+    all_help="Every paused or failed job.",
 )
-@click.option("--all", "all_", is_flag=True, help="Every paused or failed job.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_reporting
 @workspace_option
@@ -184,10 +194,8 @@ def pause(
 def resume(
     app: App,
     /,
-    idents: tuple[str, ...],
     step: str | None,
-    states: tuple[str, ...],
-    all_: bool,
+    sel: Selection,
     yes: bool,
     as_json: bool,
     quiet: bool,
@@ -195,16 +203,15 @@ def resume(
     """Continue paused or failed jobs."""
     if step is not None:
         names.check_ident(step, "step name")
-    if all_ and not states:
-        states, all_ = ("paused", "failed"), False
-    handles = _select(app, idents, states, all_, "resume", yes)
+    if sel.all and not sel.states:
+        sel = dataclasses.replace(sel, states=(State.PAUSED, State.FAILED))
+    handles = _select(app, sel, "resume", yes)
     _apply(app, handles, lambda ws, h: steering.resume(ws, h, step), as_json=as_json, quiet=quiet)
 
 
 @click.command("priority")
 @click.argument("args", nargs=-1, required=True, metavar="[JOB]... N")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATE_NAMES), help=_STATE_HELP)
-@click.option("--all", "all_", is_flag=True, help="Every job.")
+@selector_options(state_help=_STATE_HELP)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_reporting
 @workspace_option
@@ -213,21 +220,38 @@ def priority(
     app: App,
     /,
     args: tuple[str, ...],
-    states: tuple[str, ...],
-    all_: bool,
+    sel: Selection,
     yes: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
     """Change the priority of jobs (0-999, higher first); a running job's applies when
     its attempt ends."""
-    if not args[-1].isdigit() or (len(args) < 2 and not (states or all_)):
+    if not args[-1].isdigit() or (len(args) < 2 and not sel.filters):
         raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
     n = names.check_priority(int(args[-1]))
-    handles = _select(app, args[:-1], states, all_, "reprioritise", yes)
+    handles = _select(app, dataclasses.replace(sel, idents=args[:-1]), "reprioritise", yes)
     _apply(
         app, handles, lambda ws, h: steering.set_priority(ws, h, n), as_json=as_json, quiet=quiet
     )
+
+
+@click.command("release")
+@click.argument("idents", nargs=-1, metavar="[JOB]...")
+@selector_options(
+    states=("paused",),
+    state_help="Every paused job (the one state a held job is in).",
+    all_help="Every paused job.",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_reporting
+@workspace_option
+@click.pass_obj
+def release(app: App, /, sel: Selection, yes: bool, as_json: bool, quiet: bool) -> None:
+    """Let held jobs run (`flow submit --hold`): resume the paused ones, skip the rest."""
+    if sel.all and not sel.states:
+        sel = dataclasses.replace(sel, states=(State.PAUSED,))
+    _apply(app, _select(app, sel, "release", yes), steering.release, as_json=as_json, quiet=quiet)
 
 
 @click.command("requests")
@@ -262,14 +286,15 @@ def requests_(app: App, /, pending: bool, as_json: bool) -> None:
 
 @click.command("wait")
 @click.argument("idents", nargs=-1, metavar="[JOB]...")
+@selector_options()
 @click.option("--timeout", type=float, default=None, help="Give up after SECONDS (exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
-def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
+def wait(app: App, /, sel: Selection, timeout: float | None, as_json: bool) -> None:
     """Block until jobs are terminal: exit 0 all succeeded, 1 some did not, 3 timeout."""
     ws = app.ws
-    handles = [lookup.find(ws, i) for i in idents] if idents else None
+    handles = waited(ws, sel)
 
     def why(lines: list[str], say: Callable[[str], None]) -> None:
         # on stderr, whether or not it is a terminal: nothing moves, and this is why
@@ -322,7 +347,8 @@ def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: b
 
 
 @click.command("logs")
-@click.argument("ident", metavar="JOB")
+@click.argument("idents", nargs=-1, metavar="[JOB]")
+@selector_options()
 @click.option("--stderr", is_flag=True, help="Show stderr instead of stdout.")
 @click.option("--attempt", type=int, default=None, help="Attempt number (default: last).")
 @click.option(
@@ -333,10 +359,10 @@ def wait(app: App, /, idents: tuple[str, ...], timeout: float | None, as_json: b
 )
 @workspace_option
 @click.pass_obj
-def logs(app: App, /, ident: str, stderr: bool, attempt: int | None, follow: bool) -> None:
-    """Print an attempt's output."""
+def logs(app: App, /, sel: Selection, stderr: bool, attempt: int | None, follow: bool) -> None:
+    """Print an attempt's output (of exactly one selected job)."""
     ws = app.ws
-    job = lookup.find(ws, ident)
+    job = one(ws, sel)
     for chunk in read_log(
         ws,
         job,

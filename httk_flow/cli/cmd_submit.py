@@ -16,6 +16,7 @@ from httk_flow.ops import depend
 from httk_flow.protocol.after import After, AfterPolicy
 from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
 from httk_flow.protocol.durations import parse_duration
+from httk_flow.protocol.groups import default_group
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, parse_size
 from httk_flow.protocol.jobspec import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRIES
 from httk_flow.protocol.names import DEFAULT_PRIORITY
@@ -267,6 +268,16 @@ class SubmitCommand(click.Command):
     help="Name the --from/--array batch (default: b- and a digest of the input and "
     "options); running the same command again completes it, and submits nothing twice.",
 )
+@click.option(
+    "--group",
+    default=None,
+    metavar="NAME",
+    help="The group the jobs join (default: a new group per submission: "
+    "sub-YYYYmmdd-HHMMSS-xxxx, or a batch's id); select them with --group NAME.",
+)
+@click.option(
+    "--hold", is_flag=True, help="Register the jobs paused: nothing runs until `flow release`."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
@@ -291,6 +302,7 @@ def submit(
     after_policy: str,
     bundle_max: str | None,
     batch_id: str | None,
+    group: str | None,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -315,10 +327,19 @@ def submit(
         resources=Request.build(cpus=cpus, gpus=gpus, mem=mem, custom=list(resources)),
         time=parse_duration(time_, "--time") if time_ else None,
         time_limit=parse_duration(time_limit, "--time-limit") if time_limit else None,
+        group=group,
         **opts,
     )
     ws = app.ws
     policy = AfterPolicy(after_policy)
+    if group is not None:
+        for text in after:
+            if text.strip() in (group, f"group:{group}"):
+                raise UsageError(
+                    "names the group these jobs join: a job cannot wait for itself",
+                    obj=f"--after {text.strip()!r}",
+                    hint="give the new jobs another --group",
+                )
     submitter = Submitter(ws)
     if array is not None or from_file is not None:
         sets_of: Callable[[str], tuple[After, ...]] | None = None
@@ -339,17 +360,25 @@ def submit(
             batch_id=batch_id,
             as_json=as_json,
             after=sets_of,
+            group=group,
         )
+    base = dataclasses.replace(base, group=group or default_group())
     if after:
         deps = depend.prepare(ws, after, policy, actor="submit")
         base = dataclasses.replace(base, after=deps.after)
     jobs = _run(app, submitter, iter([base]), 1)
     if as_json:
-        app.json({"jobs": jobs})
+        app.json({"jobs": jobs, "group": base.group})
     elif len(jobs) > SHOW_IDS and app.is_terminal:
-        app.echo(f"submitted {len(jobs)} jobs to {ws.root}; see them with `flow status`")
+        app.echo(
+            f"submitted {len(jobs)} jobs to {ws.root} as group {base.group}; see them with "
+            f"`flow status --group {base.group}`"
+        )
     else:
         app.echo("\n".join(j["id"] for j in jobs))
+        if app.is_terminal:
+            # ids alone when captured (`id=$(flow submit ...)`); a person is told the group
+            app.echo(f"group {base.group}")
 
 
 def _params(items: tuple[str, ...]) -> dict[str, str | int | float | bool]:

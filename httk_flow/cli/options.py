@@ -1,13 +1,16 @@
-"""Options shared by every command."""
+"""Options shared by every command: the workspace, and the selectors of the commands
+that act on jobs."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
 from httk_flow.cli.app import App
+from httk_flow.protocol.states import State
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,3 +38,54 @@ def workspace_option(f: F) -> F:
         callback=_set_workspace,
         help="Workspace (default: $FLOW_WORKSPACE, else the nearest ancestor with .flow/).",
     )(f)
+
+
+_STATE_NAMES = tuple(s.value for s in State)
+
+
+def selector_options(
+    *,
+    states: tuple[str, ...] = _STATE_NAMES,
+    state_help: str = "Jobs in this state (repeatable).",
+    all_help: str = "Every job.",
+) -> Callable[[F], F]:
+    """--tag, --group, --state and --all of every selection-taking command, folded with
+    the command's JOB idents (a parameter `idents`, when it has one) into one
+    `sel: Selection` argument."""
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kw: Any) -> Any:
+            from httk_flow.ops.select import Selection  # loaded by the commands that select
+
+            kw["sel"] = Selection(
+                idents=tuple(kw.pop("idents", ())),
+                tags=tuple(kw.pop("sel_tags")),
+                groups=tuple(kw.pop("sel_groups")),
+                states=tuple(State(s) for s in kw.pop("sel_states")),
+                all=kw.pop("sel_all"),
+            )
+            return f(*args, **kw)
+
+        opts = [
+            click.option(
+                "--tag", "sel_tags", multiple=True, metavar="TAG", help="Jobs with this tag."
+            ),
+            click.option(
+                "--group",
+                "sel_groups",
+                multiple=True,
+                metavar="GROUP",
+                help="Jobs of this group (see `flow groups`).",
+            ),
+            click.option(
+                "--state", "sel_states", multiple=True, type=click.Choice(states), help=state_help
+            ),
+            click.option("--all", "sel_all", is_flag=True, help=all_help),
+        ]
+        out: Any = command
+        for opt in reversed(opts):
+            out = opt(out)
+        return cast(F, out)
+
+    return decorate

@@ -75,6 +75,7 @@ def submit_bulk(
     batch_id: str | None,
     as_json: bool,
     after: Callable[[str], tuple[After, ...]] | None = None,
+    group: str | None = None,
 ) -> None:
     """Plan the batch (every line validated, nothing published), then publish what of it
     is not in yet; render the outcome, or the interruption (exit 128 + the signal)."""
@@ -84,6 +85,10 @@ def submit_bulk(
             plan = _plan(stack, submitter, base, from_file, array, batch_id)
             if after is not None:
                 plan = _with_sets(plan, after(plan.key))
+            # a batch is one group: named after the batch unless --group names it, so a
+            # re-run that completes it adds to the same group
+            group = group or plan.key
+            plan = _in_group(plan, group)
         except KeyboardInterrupt:
             app.echo("flow: interrupted before any job was submitted", err=True)
             raise SystemExit(intr.exit_code) from None
@@ -94,6 +99,7 @@ def submit_bulk(
         app.json(
             {
                 "jobs": jobs,
+                "group": group,
                 "batch": result.batch,
                 "already": result.already,
                 "submitted": result.submitted,
@@ -115,9 +121,21 @@ def submit_bulk(
     if result.already:
         app.echo(_resumed(result, plan), err=True)
     if len(jobs) > SHOW_IDS and app.is_terminal:
-        app.echo(f"submitted {len(jobs):,} jobs to {app.ws.root}; see them with `flow status`")
+        app.echo(
+            f"submitted {len(jobs):,} jobs to {app.ws.root} as group {group}; see them with "
+            f"`flow status --group {group}`"
+        )
     elif jobs:
         app.echo("\n".join(j["id"] for j in jobs))
+        if app.is_terminal:
+            app.echo(f"group {group}")  # ids alone when captured
+
+
+def _in_group(plan: BatchPlan, group: str) -> BatchPlan:
+    make = plan.make
+    return dataclasses.replace(
+        plan, make=lambda: (dataclasses.replace(r, group=group) for r in make())
+    )
 
 
 def _with_sets(plan: BatchPlan, sets: tuple[After, ...]) -> BatchPlan:

@@ -255,6 +255,7 @@ class Committer:
                     require_outcome=spec.require_outcome,
                     parent=ParentRef(spec.id, spec.key, spec.placement, act, c.label),
                     job_id=child_id(spec.id, act, c.label),
+                    group=spec.group,  # a campaign's children count in its group
                 )
             )
         # every child is validated before the first is published: all or nothing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, JobNotFound
@@ -12,6 +12,7 @@ from httk_flow.protocol import names
 from httk_flow.protocol.children import child_states
 from httk_flow.protocol.discovery import markers_of_placement
 from httk_flow.protocol.frames import AttemptRecord, Failure, Frame, Result
+from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.jobs import all_jobs, history, load_spec
 from httk_flow.protocol.jobspec import JobSpec, duration_words
 from httk_flow.protocol.states import State
@@ -22,33 +23,56 @@ from httk_flow.protocol.workspace import Workspace
 def find(ws: Workspace, ident: str) -> JobHandle:
     """A job by id, unique id prefix (8+ characters), key, or a tag naming exactly one job."""
     ident = ident.strip()
+    matches = ident_matches(ws, ident)
+    if len(matches) == 1:
+        return matches[0]
+    raise not_one(ws, ident, matches)
+
+
+def ident_matches(ws: Workspace, ident: str, *, tags: bool = True) -> list[JobHandle]:
+    """Every job `ident` names (id, 8+ hex prefix, key; with `tags`, a tag), one per key."""
+    ident = ident.strip()
     # a job moving between two listings may be seen twice: one key, one job
-    matches = list({h.key: h for h in _matches(ws, ident)}.values())
+    matches = list({h.key: h for h in _matches(ws, ident, tags)}.values())
     for pause in (0.01, 0.05):
         if matches:
             break
         # or not at all, when it moved into a state kind the walk had already listed:
         # a job that exists is found by a second look, one that does not costs two
         time.sleep(pause)
-        matches = list({h.key: h for h in _matches(ws, ident)}.values())
-    if len(matches) == 1:
-        return matches[0]
+        matches = list({h.key: h for h in _matches(ws, ident, tags)}.values())
+    return matches
+
+
+def not_one(ws: Workspace, ident: str, matches: list[JobHandle], narrow: str = "") -> JobNotFound:
+    """The error of a JOB that names no job or several; `narrow`: what else was asked
+    (`--state failed`), said in the message."""
+    where = f" with {narrow}" if narrow else ""
     if not matches:
-        short_hex = len(ident) < 8 and all(c in "0123456789abcdef" for c in ident)
-        raise JobNotFound(
-            "matches no job" + (" (an id prefix needs at least 8 characters)" if short_hex else ""),
+        # filtered out, it did name jobs: the prefix note would mislead
+        short_hex = not narrow and len(ident) < 8 and all(c in "0123456789abcdef" for c in ident)
+        grouped = names.TAG_RE.fullmatch(ident) and GroupRegistry(ws).find(ident) is not None
+        return JobNotFound(
+            f"matches no job{where}"
+            + (" (an id prefix needs at least 8 characters)" if short_hex else ""),
             obj=f"job {ident!r}",
-            hint="see the jobs with `flow list`",
+            hint=f"it is a group: select its jobs with --group {ident}"
+            if grouped
+            else "see the jobs with `flow list`",
         )
     shown = ", ".join(m.key for m in matches[:5])
-    raise JobNotFound(
-        f"matches {len(matches)} jobs ({shown}{', ...' if len(matches) > 5 else ''})",
+    tagged = all(m.marker.tag == ident for m in matches)
+    return JobNotFound(
+        f"matches {len(matches)} jobs{where} ({shown}{', ...' if len(matches) > 5 else ''})",
         obj=f"job {ident!r}",
-        hint="give more of the id, or the full key",
+        hint=f"select them all with --tag {ident}, narrow with --state/--group, or give the "
+        "job's key"
+        if tagged
+        else "narrow with --state/--tag/--group, or give more of the id or the full key",
     )
 
 
-def _matches(ws: Workspace, ident: str) -> Iterator[JobHandle]:
+def _matches(ws: Workspace, ident: str, tags: bool = True) -> Iterator[JobHandle]:
     m = names.KEY_RE.fullmatch(ident)
     if m:
         # default placements shard by id: look there first, then everywhere
@@ -64,11 +88,16 @@ def _matches(ws: Workspace, ident: str) -> Iterator[JobHandle]:
             return
     if len(ident) >= 8 and all(c in "0123456789abcdef" for c in ident):
         # a tag may be all hex digits too (a date such as 20240611)
-        yield from (h for h in all_jobs(ws) if h.job_id.startswith(ident) or h.marker.tag == ident)
+        yield from (
+            h
+            for h in all_jobs(ws)
+            if h.job_id.startswith(ident) or (tags and h.marker.tag == ident)
+        )
     elif m:
         yield from (h for h in all_jobs(ws) if h.key == ident or h.job_id == ident)
     elif names.TAG_RE.fullmatch(ident):
-        yield from (h for h in all_jobs(ws) if h.marker.tag == ident)
+        if tags:
+            yield from (h for h in all_jobs(ws) if h.marker.tag == ident)
     elif len(ident) < 8 and all(c in "0123456789abcdef" for c in ident):
         raise JobNotFound("an id prefix needs at least 8 characters", obj=f"job {ident!r}")
 
@@ -297,6 +326,7 @@ class JobRow:
     end: float | None = None  # when the last attempt's commit ended it
     failure: Failure | None = None
     interrupted: str | None = None  # the last attempt was stopped: "drain" or "takeover"
+    group: str | None = None  # the group's name, from the registry
 
     def to_json(self) -> dict[str, object]:
         h = self.handle
@@ -304,6 +334,7 @@ class JobRow:
             "id": h.job_id,
             "key": h.key,
             "tag": h.marker.tag,
+            "group": self.group,
             "state": h.state.value,
             "step": self.step,
             "priority": h.marker.priority,
@@ -363,16 +394,22 @@ def list_rows(
     limit: int | None = None,
     failed_code: str | None = None,
     interrupted: bool = False,
+    jobs: Iterable[JobHandle] | None = None,
 ) -> Iterator[JobRow]:
-    """Jobs in the given states (streamed), each with its step and attempt count; only
-    failed ones with `failed_code`, only those whose last attempt was stopped from
-    outside (a drain, a takeover) with `interrupted`."""
+    """Jobs in the given states (streamed; `jobs`: those, a selection's), each with its
+    step and attempt count; only failed ones with `failed_code`, only those whose last
+    attempt was stopped from outside (a drain, a takeover) with `interrupted`."""
     if failed_code is not None:
         states = tuple(st for st in states if st is State.FAILED)
     n = 0
-    for h in all_jobs(ws, states):
+    groups = GroupRegistry(ws)
+    for h in all_jobs(ws, states) if jobs is None else jobs:
         if tag is not None and h.marker.tag != tag:
             continue
+        if h.state not in states:
+            continue
+        d = h.marker.group_digest
+        group = (groups.name_of(d) or f"?{d}") if d else None
         if limit is not None and n >= limit:
             return
         try:
@@ -381,7 +418,7 @@ def list_rows(
             if failed_code is not None or interrupted:
                 continue
             n += 1
-            yield JobRow(h, "?", 0)
+            yield JobRow(h, "?", 0, group=group)
             continue
         snap, failure, result = frame.snap, frame.body.failure, frame.body.result
         if failed_code is not None and (failure is None or failure.code != failed_code):
@@ -417,4 +454,5 @@ def list_rows(
             end,
             failure if h.state is State.FAILED else None,
             stopped,
+            group,
         )

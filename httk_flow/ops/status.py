@@ -20,15 +20,17 @@ from httk_flow.ops.fit import (
     unfit,
 )
 from httk_flow.ops.managers import DeadHold, ManagerView, look
+from httk_flow.ops.select import Selection, matcher
 from httk_flow.protocol import requests
 from httk_flow.protocol.discovery import count_markers, walk_all
+from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.leases import Liveness, read_managers
 from httk_flow.protocol.maintenance import read_lock
 from httk_flow.protocol.services import ServiceRegistry
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
-GroupBy = Literal["state", "placement", "step", "tag"]
+GroupBy = Literal["state", "placement", "step", "tag", "group"]
 
 #: what the reconciler sizes allocations with (it reads the workspace through this module)
 __all__ = [
@@ -99,13 +101,15 @@ def workspace_status(
     now: float | None = None,
     times: TimeRequests | None = None,
     submitted_times: bool = False,
+    sel: Selection | None = None,
 ) -> StatusReport:
     """Count every marker by name and explain what is stuck.
 
     No job file is opened but a bounded sample of ready jobs' job.json: the marker name
     carries a job's service class, not its declared time, which the walltime fit needs
     (ops/fit.py; `times` keeps what was read for the next look). With `submitted_times`,
-    submitted jobs' times are sampled too (the reconciler's demand)."""
+    submitted jobs' times are sampled too (the reconciler's demand). With `sel`, only
+    the jobs its tags, groups and states pick are counted (by their names too)."""
     wall = time.time() if now is None else now
     counts: dict[State, int] = dict.fromkeys(State, 0)
     groups: dict[str, Counter[State]] = {}
@@ -113,13 +117,20 @@ def workspace_status(
     backoff = 0
     times = times or TimeRequests(ws)
     ready_look, submitted_look = times.look(), times.look()
+    keep = matcher(ws, sel) if sel is not None and sel.filters_but_all else None
+    registry = ServiceRegistry(ws)
+    group_names = GroupRegistry(ws)
     for st in State:
         walk = st is State.READY or (st is State.SUBMITTED and submitted_times)
-        if by == "state" and not walk:
+        if keep is not None and sel is not None and sel.states and st not in sel.states:
+            continue
+        if by == "state" and not walk and keep is None:
             # only names are needed here: count them without building a handle each
             counts[st] = count_markers(ws, st)
             continue
         for h in walk_all(ws, st):
+            if keep is not None and not keep(h):
+                continue
             counts[st] += 1
             if st is State.READY:
                 waiting_classes[h.marker.service] += 1
@@ -132,6 +143,10 @@ def workspace_status(
                 groups.setdefault(h.placement, Counter())[st] += 1
             elif by == "tag":
                 groups.setdefault(h.marker.tag or "-", Counter())[st] += 1
+            elif by == "group":
+                d = h.marker.group_digest
+                name = (group_names.name_of(d) or f"?{d}") if d else "-"
+                groups.setdefault(name, Counter())[st] += 1
             elif by == "step":
                 try:
                     step = ws.reader.frame(h.marker.ref).snap.step or "?"
@@ -141,7 +156,6 @@ def workspace_status(
     managers = read_managers(ws)
     seen = look(ws, managers)
     live = [m for m in managers if m.alive]
-    registry = ServiceRegistry(ws)
     caps: dict[str, Capacity | None] = {}
     for cid in waiting_classes:
         sc = registry.get(cid)
@@ -271,6 +285,7 @@ def watch(
     until: Callable[[Snapshot], bool] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    sel: Selection | None = None,
 ) -> Iterator[Snapshot]:
     """A snapshot now and then one every `every` seconds, until `until(snapshot)` is true
     or the caller stops iterating: the one loop that watches a workspace for a user.
@@ -281,7 +296,7 @@ def watch(
     times = TimeRequests(ws)  # what one look read, the next need not read again
     start = due = clock()
     while True:
-        report = workspace_status(ws, by=by, times=times)
+        report = workspace_status(ws, by=by, times=times, sel=sel)
         now = clock()
         tp.add(report, now)
         snap = Snapshot(report, now - start, tp.rate, tp.eta(report))

@@ -19,8 +19,9 @@ from httk_flow.protocol import names, requests
 from httk_flow.protocol.children import child_placement
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.durations import compact_duration
-from httk_flow.protocol.frames import AttemptRecord, Last, LastKind
+from httk_flow.protocol.frames import AttemptRecord, Body, Last, LastKind
 from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.jobs import registrable
 from httk_flow.protocol.leases import Liveness, read_managers
 from httk_flow.protocol.procs import group_alive
 from httk_flow.protocol.states import State
@@ -34,6 +35,8 @@ class SteerResult:
     before: State
     after: State
     note: str = ""
+    #: nothing was asked of this job (`flow release` of one that is not paused)
+    skipped: bool = False
 
 
 def _actor() -> str:
@@ -212,15 +215,31 @@ def pause(ws: Workspace, job: JobHandle) -> SteerResult:
                 requests.make(ws, job, "pause")
                 return SteerResult(job.key, st, st, "pauses when its current attempt ends")
             if st is State.SUBMITTED:
-                raise UsageError(
-                    "is not registered yet",
-                    obj=f"job {job.key}",
-                    hint="start a manager, or pause it once it is ready",
-                )
+                return _pause_submitted(ws, job, was)
             return SteerResult(job.key, st, st, f"cannot pause a {st.value} job")
         except TransitionConflict:
             job = _retry_locate(ws, job)
     raise FlowError("kept changing state while being paused", obj=f"job {job.key}")
+
+
+def _pause_submitted(ws: Workspace, job: JobHandle, was: Body) -> SteerResult:
+    """submitted -> paused, only for a definition registration would accept: resume
+    goes straight to ready, so an invalid one is left for registration to fail."""
+    try:
+        registrable(ws, job)
+    except FlowError as e:
+        raise UsageError(
+            f"is left for registration, which fails it: {e.render()}", obj=f"job {job.key}"
+        ) from None
+    new = transition(ws, job, State.PAUSED, was.carry(why="paused"), actor=_actor())
+    return SteerResult(job.key, job.state, new.state)
+
+
+def release(ws: Workspace, job: JobHandle) -> SteerResult:
+    """Resume a held (paused) job; any other is skipped, not refused."""
+    if job.state is not State.PAUSED:
+        return SteerResult(job.key, job.state, job.state, "skipped: not paused", skipped=True)
+    return resume(ws, job)
 
 
 def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResult:
@@ -262,9 +281,10 @@ def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:
             return SteerResult(
                 job.key, st, st, f"priority {priority} when its current attempt ends"
             )
-        if st not in (State.READY, State.WAITING, State.PAUSED):
+        if st not in (State.SUBMITTED, State.READY, State.WAITING, State.PAUSED):
             raise UsageError(
-                f"is {st.value}; priority changes while a job is ready, waiting, paused or running",
+                f"is {st.value}; priority changes while a job is submitted, ready, waiting, "
+                "paused or running",
                 obj=f"job {job.key}",
             )
         was = ws.reader.frame(job.marker.ref).body

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from httk_flow.errors import FlowError
 from httk_flow.ops.fit import TimeRequests, steady
+from httk_flow.ops.select import Selection, select
 from httk_flow.ops.status import workspace_status
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.jobs import load_spec
@@ -33,10 +34,26 @@ class WaitResult:
         return 0 if self.succeeded == self.total else 1
 
 
+def waited(ws: Workspace, sel: Selection) -> list[JobHandle] | Selection | None:
+    """What `flow wait` waits for: named jobs, or the jobs in the given states now, as
+    a fixed list; tags and groups alone as a selection looked at anew each time, so
+    jobs submitted meanwhile (a group's children) count; nothing: every job."""
+    if not sel.idents and not sel.filters_but_all:
+        return None
+    if sel.idents or sel.states:
+        return list(select(ws, sel))
+    return sel
+
+
 def _snapshot(
-    ws: Workspace, jobs: list[JobHandle] | None
+    ws: Workspace, jobs: list[JobHandle] | None, sel: Selection | None = None
 ) -> tuple[list[JobHandle], dict[State, int]]:
     counts = dict.fromkeys(State, 0)
+    if sel is not None:
+        picked = list(select(ws, sel))
+        for h in picked:
+            counts[h.state] += 1
+        return picked, counts
     if jobs is None:
         for st in State:
             for _ in walk_all(ws, st):
@@ -115,28 +132,31 @@ def _needs(ws: Workspace, h: JobHandle, times: TimeRequests) -> float | None:
 
 def wait_jobs(
     ws: Workspace,
-    jobs: list[JobHandle] | None,
+    jobs: list[JobHandle] | Selection | None,
     *,
     timeout: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     interval: float = 0.5,
     on_stuck: Callable[[list[str]], None] | None = None,
 ) -> WaitResult:
-    """Until every named job (all jobs if None) is terminal, or the timeout passes.
+    """Until every named job (all jobs if None; every job a Selection picks, looked up
+    anew each time) is terminal, or the timeout passes.
 
     When nothing moves, `on_stuck` is told why (one line per reason), once per change of
     the reasons; nothing moves means the counts stood still for STALL seconds and
     `why_stuck` finds no way forward (it looks again every WHY_EVERY seconds)."""
     start = time.monotonic()
-    current = jobs
+    sel = jobs if isinstance(jobs, Selection) else None
+    current = None if isinstance(jobs, Selection) else jobs
     times = TimeRequests(ws)
     said: list[str] = []
     last: dict[State, int] | None = None
     still_since, looked = start, -1e18
     while True:
-        current_list, counts = _snapshot(ws, current)
+        current_list, counts = _snapshot(ws, current, sel)
         if current is not None:
             current = current_list
+        shown = current_list if sel is not None else current
         total = sum(counts.values())
         done = counts[State.SUCCEEDED] + counts[State.FAILED] + counts[State.CANCELLED]
         if progress:
@@ -151,14 +171,14 @@ def wait_jobs(
             and now - looked >= WHY_EVERY
         ):
             looked = now
-            why = why_stuck(ws, current, counts, times)
+            why = why_stuck(ws, shown, counts, times)
             if why and [steady(w) for w in why] != [steady(w) for w in said]:
                 on_stuck(why)
             said = why
         timed_out = timeout is not None and time.monotonic() - start >= timeout
         if timed_out and done != total and on_stuck is not None and not said:
             # a short timeout: say why now, if nothing can move
-            why = why_stuck(ws, current, counts, times)
+            why = why_stuck(ws, shown, counts, times)
             if why:
                 on_stuck(why)
         if done == total or timed_out:

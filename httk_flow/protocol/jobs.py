@@ -61,16 +61,16 @@ def register(
     except FlowError as e:
         return fail(ws, job, None, "protocol_error", e.render(), actor=actor)
     try:
-        spec = load_spec(ws, job.placement, job.key)
-        gone = programs.missing(ws, spec.program)
-        if gone is not None:
-            raise InvalidJob(gone, obj=job.key)
+        spec = registrable(ws, job)
     except FlowError as e:
         return fail(ws, job, frame, "protocol_error", e.render(), actor=actor)
     if specs is not None:
         specs[job.key] = spec
     if spec.after:
         return _register_after(ws, job, frame, spec, actor)
+    if spec.hold:
+        # `flow submit --hold`: registered, but nothing runs until `flow release`
+        return transition(ws, job, State.PAUSED, frame.body.carry(why="held"), actor=actor)
     return transition(ws, job, State.READY, frame.body.carry(), actor=actor)
 
 
@@ -78,17 +78,31 @@ def _register_after(
     ws: Workspace, job: JobHandle, frame: Frame, spec: JobSpec, actor: str
 ) -> JobHandle:
     """A dependent goes where its sets send it, decided before the one rename: whoever
-    decides a set later finds it waiting, or registers it itself (protocol.md §14)."""
+    decides a set later finds it waiting, or registers it itself (protocol.md §14). A held
+    one is paused, keeping `.a` while its sets are open."""
     v = verdict(ws, spec.after)
-    if v.kind == "ready":
-        return transition(ws, job, State.READY, frame.body.carry(why=v.reason), actor=actor)
     if v.kind == "cancel":
         body = frame.body.carry(why="dependency not met", reason=v.reason)
         return transition(ws, job, State.CANCELLED, body, actor=actor)
     if v.kind == "fail":
         return fail(ws, job, frame, "dependency_failure", v.reason, actor=actor)
+    waits = v.kind == "wait"
+    if spec.hold:
+        body = frame.body.carry(why="held", message=v.reason if waits else None)
+        return transition(ws, job, State.PAUSED, body, actor=actor, after=waits)
+    if not waits:
+        return transition(ws, job, State.READY, frame.body.carry(why=v.reason), actor=actor)
     body = frame.body.carry(why="after", message=v.reason)
     return transition(ws, job, State.WAITING, body, actor=actor, after=True)
+
+
+def registrable(ws: Workspace, job: JobHandle) -> JobSpec:
+    """The definition registration accepts; FlowError says why it would fail the job."""
+    spec = load_spec(ws, job.placement, job.key)
+    gone = programs.missing(ws, spec.program)
+    if gone is not None:
+        raise InvalidJob(gone, obj=job.key)
+    return spec
 
 
 def fail(

@@ -118,6 +118,10 @@ class JobSpec:
     resources: Request = DEFAULT_REQUEST
     #: the dependency sets it waits for before its first attempt (protocol.md §14)
     after: tuple[After, ...] = ()
+    #: the job's group (its digest is in the marker); None: none
+    group: str | None = None
+    #: registration moves the job to paused, not ready (`flow submit --hold`)
+    hold: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def time_limit_after(self, timeouts: int) -> float | None:
@@ -168,6 +172,10 @@ class JobSpec:
             d["resources"] = self.resources.to_json()
         if self.after:
             d["after"] = [a.to_json() for a in self.after]
+        if self.group is not None:
+            d["group"] = self.group
+        if self.hold:
+            d["hold"] = True
         return d
 
     def to_json(self) -> bytes:
@@ -256,7 +264,7 @@ _KNOWN = frozenset(
     (
         "format id key tag name program args step params priority placement pool requires "
         "time retries max_attempts workdir require_outcome parent array_index created "
-        "time_limit time_limit_factor resources after"
+        "time_limit time_limit_factor resources after group hold"
     ).split()
 )
 
@@ -357,6 +365,9 @@ def _parse(data: object) -> JobSpec:
             label=names.check_label(_get(pdata, "label", str)),
         )
     array_index = _get(data, "array_index", int, None)
+    group = _get(data, "group", str, None)
+    if group is not None:
+        names.check_group(group)
     name = _get(data, "name", str, "")
     if len(name) > 256:
         raise _Bad("member 'name' is longer than 256 characters")
@@ -385,5 +396,7 @@ def _parse(data: object) -> JobSpec:
         time_limit_factor=float(factor),
         resources=Request.from_json(data.get("resources"), "resources"),
         after=afters_from_json(data.get("after"), "after"),
+        group=group,
+        hold=_get(data, "hold", bool, False),
         extra={k: v for k, v in data.items() if k not in _KNOWN},
     )

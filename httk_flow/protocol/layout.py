@@ -97,6 +97,7 @@ _TMP = "tmp"
 _PROGRAMS = "programs"
 _BUNDLES = "bundles"
 _CLASSES = "classes"
+_GROUPS = "groups"
 _MANAGERS = "managers"
 _REQUESTS = "requests"
 _JOURNAL = "journal"
@@ -179,6 +180,16 @@ def classes_dir(root: str) -> str:
 def class_file(root: str, class_id: str) -> str:
     """One service class: its pool and capabilities."""
     return os.path.join(classes_dir(root), f"{class_id}.json")
+
+
+def groups_dir(root: str) -> str:
+    """Job groups, one file per group digest (the marker's `s` field)."""
+    return os.path.join(root, FLOW_DIR, _GROUPS)
+
+
+def group_file(root: str, digest: str) -> str:
+    """.flow/groups/<digest>.json: the group's name, when it was made and by whom."""
+    return os.path.join(groups_dir(root), f"{digest}.json")
 
 
 def managers_dir(root: str) -> str:

@@ -5,6 +5,7 @@ parse/format here are the only code that knows the marker file-name grammar.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ _ID = r"[0-9a-f]{32}"
 _TAG = r"[A-Za-z0-9][A-Za-z0-9_+-]{0,63}"
 _WRITER = r"[a-z0-9]{1,24}"
 _B36 = r"(?:0|[1-9a-z][0-9a-z]{0,12})"  # canonical: one spelling per number
+#: base-36 digits of a group digest (the marker's `s` field, protocol.md §2)
+GROUP_DIGEST_LEN = 8
 ID_RE = re.compile(_ID)
 TAG_RE = re.compile(_TAG)
 KEY_RE = re.compile(rf"(?:(?P<tag>{_TAG})--)?(?P<id>{_ID})")
@@ -24,7 +27,7 @@ REF_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<seg>{_B36})-(?P<off>{_B36})")
 MARKER_RE = re.compile(
     rf"(?P<key>(?:{_TAG}--)?{_ID})\.p(?P<prio>[0-9]{{3}})\.g(?P<gen>{_B36})"
     rf"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{{0,12}}))?(?:\.c(?P<cls>[0-9a-z]{{1,16}}))?"
-    rf"(?P<aft>\.a)?\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
+    rf"(?:\.s(?P<grp>[0-9a-z]{{{GROUP_DIGEST_LEN}}}))?(?P<aft>\.a)?\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
 )
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
@@ -74,6 +77,23 @@ def check_tag(tag: str) -> str:
             obj=f"tag {tag!r}",
         )
     return tag
+
+
+def check_group(name: str) -> str:
+    """A group name: the tag grammar (it is shown and typed like a tag)."""
+    if not TAG_RE.fullmatch(name):
+        raise InvalidName(
+            "a group name is 1-64 characters of letters, digits, '_', '+' and '-', "
+            "starting with a letter or digit",
+            obj=f"group {name!r}",
+        )
+    return name
+
+
+def group_digest(name: str) -> str:
+    """The fixed-length digest a marker carries for its group (protocol.md §2)."""
+    n = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % 36**GROUP_DIGEST_LEN
+    return to36(n).rjust(GROUP_DIGEST_LEN, "0")
 
 
 def check_ident(value: str, what: str) -> str:
@@ -190,10 +210,12 @@ class RecordRef:
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """A parsed marker file name: `<key>.p<prio>.g<gen>[.t<not-before>][.c<class>].<ref>`.
+    """A parsed marker file name:
+    `<key>.p<prio>.g<gen>[.t<not-before>][.c<class>][.s<group digest>].<ref>`.
 
     The class names the job's pool and required capabilities (.flow/classes/<class>.json),
-    so claiming and `flow status` can tell who may serve a job without opening it.
+    so claiming and `flow status` can tell who may serve a job without opening it; the
+    group digest (.flow/groups/<digest>.json) lets a selection by group read names only.
     """
 
     key: str
@@ -202,6 +224,7 @@ class Marker:
     ref: RecordRef
     not_before: int = 0  # unix seconds; 0 = claimable now
     service: str = ""  # service class; "" = any manager of the default pool
+    group_digest: str = ""  # the job's group; "" = none (and every marker before groups)
     #: `.a`: the job waits for dependencies not yet met (protocol.md §14), so the join
     #: scan passes it by its name alone
     after: bool = False
@@ -222,8 +245,8 @@ class Marker:
         m = MARKER_RE.fullmatch(name)
         if m is None:
             return None
-        key, prio, gen, nb, service, aft, ref = m.group(
-            "key", "prio", "gen", "nb", "cls", "aft", "ref"
+        key, prio, gen, nb, service, grp, aft, ref = m.group(
+            "key", "prio", "gen", "nb", "cls", "grp", "aft", "ref"
         )
         writer, seg, off = ref.split("-")  # the grammar already checked each part
         marker = cls(
@@ -233,6 +256,7 @@ class Marker:
             RecordRef(writer, int(seg, 36), int(off, 36)),
             int(nb, 36) if nb else 0,
             service or "",
+            grp or "",
             aft is not None,
         )
         object.__setattr__(marker, "_name", name)  # the grammar is canonical: one spelling
@@ -243,8 +267,10 @@ class Marker:
         if not self._name:
             nb = f".t{to36(self.not_before)}" if self.not_before else ""
             c = f".c{self.service}" if self.service else ""
+            g = f".s{self.group_digest}" if self.group_digest else ""
             a = ".a" if self.after else ""
-            name = f"{self.key}.p{self.priority:03d}.g{to36(self.generation)}{nb}{c}{a}.{self.ref}"
+            gen = to36(self.generation)
+            name = f"{self.key}.p{self.priority:03d}.g{gen}{nb}{c}{g}{a}.{self.ref}"
             object.__setattr__(self, "_name", name)
         return self._name
 
@@ -272,6 +298,7 @@ class Marker:
             ref=ref,
             not_before=not_before,
             service=self.service,
+            group_digest=self.group_digest,
             after=after,
         )
 

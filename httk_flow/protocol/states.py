@@ -49,8 +49,10 @@ _ACTIVE = frozenset({State.CLAIMED, State.RUNNING, State.COMMITTING, State.CANCE
 S = State
 #: every legal move; verified_transition checks each rename against it
 TRANSITIONS: dict[State, frozenset[State]] = {
-    # submitted -> waiting: a job registered while its dependencies are not met
-    S.SUBMITTED: frozenset({S.READY, S.WAITING, S.FAILED, S.CANCELLED}),
+    # submitted -> submitted: a priority change before registration; -> paused: a held
+    # job's registration, or a pause before registration (both validate job.json first);
+    # -> waiting: a job registered while its dependencies are not met
+    S.SUBMITTED: frozenset({S.SUBMITTED, S.READY, S.WAITING, S.PAUSED, S.FAILED, S.CANCELLED}),
     # ready -> ready: a priority change is a rename too
     S.READY: frozenset({S.READY, S.CLAIMED, S.PAUSED, S.CANCELLED, S.FAILED}),
     S.CLAIMED: frozenset({S.RUNNING, S.READY, S.FAILED, S.CANCELLED}),

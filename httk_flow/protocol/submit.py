@@ -22,6 +22,7 @@ from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Frame, Snapshot
 from httk_flow.protocol.fsio import fs, fsync_dir, write_file
+from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inputs
 from httk_flow.protocol.jobspec import (
     DEFAULT_MAX_ATTEMPTS,
@@ -89,6 +90,10 @@ class SubmitRequest:
     origin: str | None = None
     #: the dependency sets it waits for (made before submission: ops/depend.py)
     after: tuple[After, ...] = ()
+    #: the job's group (its digest goes into every marker); None: none
+    group: str | None = None
+    #: registration moves the job to paused instead of ready
+    hold: bool = False
 
 
 class Submitter:
@@ -99,6 +104,7 @@ class Submitter:
         self.actor = actor
         self.store = ProgramStore(ws)
         self.services = ServiceRegistry(ws)
+        self.groups = GroupRegistry(ws)
         #: job.json bytes of built specs, written at publication (serialized once)
         self._raw: dict[str, bytes] = {}
         #: the last request whose job.json was parsed back: array members differ from it
@@ -127,6 +133,8 @@ class Submitter:
         )
         if req.tag is not None:
             names.check_tag(req.tag)
+        if req.group is not None:
+            self.groups.check(req.group)  # a digest collision is refused before anything
         names.check_ident(req.step, "step name")
         names.check_priority(req.priority)
         if req.pool is not None:
@@ -176,6 +184,8 @@ class Submitter:
             time_limit_factor=float(req.time_limit_factor),
             resources=req.resources,
             after=req.after,
+            group=req.group,
+            hold=req.hold,
         )
         try:
             raw = spec.to_json()
@@ -259,7 +269,11 @@ class Submitter:
                     service = self.services.publish(
                         ServiceClass(spec.pool, spec.requires, spec.resources)
                     )
-                    marker = Marker(spec.key, spec.priority, 0, next(refs), service=service)
+                    # the registry names the group before any marker carries its digest
+                    grp = self.groups.publish(spec.group, by=self.actor) if spec.group else ""
+                    marker = Marker(
+                        spec.key, spec.priority, 0, next(refs), service=service, group_digest=grp
+                    )
                     born = BIRTH_PREFIX + marker.name
                     write_file(os.path.join(tmp, born), b"", durable=False)
                     if durable:

@@ -36,7 +36,8 @@ def test_submit_json_has_the_contract_shape(runner: CliRunner, ws: str) -> None:
     code, out = flow(runner, "-w", ws, "submit", "--json", "--tag", "t1", "true")
     assert code == 0
     doc = orjson.loads(out)
-    assert list(doc) == ["jobs"] and len(doc["jobs"]) == 1
+    assert list(doc) == ["jobs", "group"] and len(doc["jobs"]) == 1
+    assert re.fullmatch(r"sub-\d{8}-\d{6}-[0-9a-f]{4}", doc["group"])
     job = doc["jobs"][0]
     assert set(job) == {"id", "key", "placement"}
     assert job["key"] == f"t1--{job['id']}" and job["placement"] == f"jobs/{job['id'][:2]}"
@@ -61,6 +62,7 @@ def test_list_json_rows_have_the_contract_keys(runner: CliRunner, ws: str) -> No
         "id",
         "key",
         "tag",
+        "group",
         "state",
         "step",
         "priority",

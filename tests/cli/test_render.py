@@ -52,10 +52,10 @@ def test_one_refusal_among_many_is_reported_and_the_rest_applied(
 ) -> None:
     a, b = (runner.invoke(cli, ["submit", "-w", ws, "/bin/true"]).stdout.strip() for _ in "ab")
     runner.invoke(cli, ["cancel", "-w", ws, a])
-    # a cancelled job is left as it is; one not yet registered cannot be paused by rename
-    r = runner.invoke(cli, ["pause", "-w", ws, a, b])
+    # a cancelled job has no priority to change; one not yet registered has
+    r = runner.invoke(cli, ["priority", "-w", ws, a, b, "5"])
     assert r.exit_code == 2
-    assert r.stdout == f"{a}: cancelled -> cancelled (cannot pause a cancelled job)\n"
+    assert r.stdout == f"{b}: submitted -> submitted (priority 5)\n"
     assert r.stderr.startswith("flow: error: ") and len(r.stderr.splitlines()) == 1
 
 

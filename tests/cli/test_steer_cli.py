@@ -63,9 +63,9 @@ def test_cancel_json_names_each_change_and_each_refusal(runner: CliRunner, ws: s
 
 def test_quiet_prints_nothing_but_the_exit_status_tells(runner: CliRunner, ws: str) -> None:
     _submit(runner, ws, "q")
-    r = runner.invoke(cli, ["-w", ws, "pause", "-q", "q"])
+    r = runner.invoke(cli, ["-w", ws, "resume", "-q", "q"])
     assert (r.exit_code, r.stdout, r.stderr) == (2, "", r.stderr)
-    assert "is not registered yet" in r.stderr
+    assert "only paused or failed jobs can be resumed" in r.stderr
     r = runner.invoke(cli, ["-w", ws, "cancel", "-q", "q"])
     assert (r.exit_code, r.stdout, r.stderr) == (0, "", "")
 

@@ -90,13 +90,15 @@ def test_cancel_by_state_cancels_every_ready_job_and_nothing_else(
     assert states == {**{j["key"]: "cancelled" for j in ready}, submitted["key"]: "submitted"}
 
 
-def test_naming_jobs_and_a_state_together_is_refused(flow: Flow) -> None:
-    flow.submit("--tag", "s", "true")
+def test_naming_jobs_and_a_state_together_selects_both(flow: Flow) -> None:
+    job = flow.submit("--tag", "s", "true")
     r = flow("cancel", "s", "--state", "ready")
     assert (r.exit_code, r.stderr) == (
         2,
-        "flow: error: flow cancel: name jobs, or use --state/--all, not both\n",
+        "flow: error: job 's': matches no job with --state ready; see the jobs with `flow list`\n",
     )
+    r = flow("cancel", "s", "--state", "submitted")
+    assert (r.exit_code, r.stdout) == (0, f"{job['key']}: submitted -> cancelled\n")
 
 
 def test_a_paused_ready_job_resumes_and_runs_to_success(flow: Flow, managers: Managers) -> None:
@@ -179,13 +181,11 @@ def test_priority_changes_the_marker_and_a_one_worker_manager_claims_by_it(
     assert sorted(claimed, key=claimed.__getitem__) == ["b", "d", "c", "a"]
 
 
-def test_priority_of_a_submitted_job_is_refused(flow: Flow) -> None:
+def test_priority_of_a_submitted_job_applies_before_registration(flow: Flow) -> None:
     job = flow.submit("--tag", "s", "true")
     r = flow("priority", "s", "7")
-    assert r.exit_code == 2 and r.stderr == (
-        f"flow: error: job {job['key']}: is submitted; priority changes while a job is "
-        "ready, waiting, paused or running\n"
-    )
+    assert (r.exit_code, r.stdout) == (0, f"{job['key']}: submitted -> submitted (priority 7)\n")
+    assert flow.marker(job).name.split(".")[1] == "p007"
 
 
 def test_a_priority_out_of_range_is_bad_input_refused_once_with_exit_2(
@@ -225,10 +225,10 @@ def test_bulk_pause_resume_and_priority_act_on_every_job_of_a_state(
     out = flow.ok("resume", "--all", "--yes")
     assert sorted(out.splitlines()) == sorted(f"{k}: paused -> ready" for k in keys.values())
     assert {r["priority"] for r in flow.json("list")["jobs"]} == {42}
-    r = flow("pause", "a", "--state", "ready")
+    r = flow("pause", "a", "--state", "paused")
     assert (r.exit_code, r.stderr) == (
         2,
-        "flow: error: flow pause: name jobs, or use --state/--all, not both\n",
+        "flow: error: job 'a': matches no job with --state paused; see the jobs with `flow list`\n",
     )
     r = flow("priority", "7")
     assert (r.exit_code, r.stderr) == (
