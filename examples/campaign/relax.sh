@@ -9,6 +9,6 @@ source "$(dirname "$0")/lib.sh"
 
 i="$FLOW_ARRAY_INDEX"
 eq="$(equilibrium "$i")"
-a="$(awk -v eq="$eq" 'BEGIN { a = 4.0; for (k = 0; k < 20; k++) a -= (a - eq) / 2; printf "%.6f\n", a }')"
+a="$(awk -v eq="$eq" 'BEGIN { a = 4.0; for (k = 0; k < 60; k++) a -= (a - eq) / 2; printf "%.6f\n", a }')"
 printf '%s %s\n' "$i" "$a" >"$(results_dir)/relax-$i.txt"
 flow_succeed "structure $i relaxed to a=$a"

@@ -12,7 +12,7 @@ import click
 from httk_flow.cli.app import App
 from httk_flow.cli.options import selector_options, workspace_option
 from httk_flow.errors import UsageError
-from httk_flow.ops import lookup
+from httk_flow.ops import depend, lookup
 from httk_flow.ops.select import Selection, one, select
 from httk_flow.protocol import jobs
 from httk_flow.protocol.durations import format_duration
@@ -169,6 +169,9 @@ def show(app: App, /, sel: Selection, as_json: bool) -> None:
     join = lookup.join_progress(ws, v)
     if join is not None:
         doc["join"] = join.to_json()
+    deps = depend.dependencies_of(ws, h) if v.spec is not None and v.spec.after else []
+    if deps:
+        doc["after"] = [d.to_json() for d in deps]
     if as_json:
         app.json(doc)
         return
@@ -220,6 +223,7 @@ def show(app: App, /, sel: Selection, as_json: bool) -> None:
         lines.append(("message", v.message))
     if join is not None:
         lines.append(("join", f"{join.words()}; then {join.next}"))
+    lines.extend(("after", d.words()) for d in deps)
     width = max(len(k) for k, _ in lines)
     for k, val in lines:
         app.echo(f"{k.ljust(width)}  {val}")

@@ -34,9 +34,18 @@ class Leftover:
     #: ready jobs that ask more than this manager has, and why (the largest such ask)
     oversize: int = 0
     oversize_why: str = ""
+    #: dependents (`--after`) whose dependencies are among what is left
+    after: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.unfit or self.unclaimable or self.paused or self.waiting or self.oversize)
+        return bool(
+            self.unfit
+            or self.unclaimable
+            or self.paused
+            or self.waiting
+            or self.oversize
+            or self.after
+        )
 
     def describe(self) -> str:
         """One line: what is left, and why."""
@@ -69,6 +78,11 @@ class Leftover:
             )
         if self.waiting:
             parts.append(f"{_jobs(self.waiting, 'waiting job')} whose children cannot finish here")
+        if self.after:
+            parts.append(
+                f"{_jobs(self.after, 'job')} waiting for dependencies that have not ended "
+                "(`flow show JOB` names them)"
+            )
         return "; ".join(parts)
 
 
@@ -97,7 +111,13 @@ def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftov
             still.add(h.key)
     claim.forget_unfit(still)
     paused = sum(1 for h in walk_all(ws, State.PAUSED, places) if claim.serves(h))
-    waiting = sum(1 for h in walk_all(ws, State.WAITING, places) if claim.serves(h))
+    waiting = after = 0
+    for h in walk_all(ws, State.WAITING, places):
+        if claim.serves(h):
+            if h.marker.after:
+                after += 1
+            else:
+                waiting += 1
     ends = claim.ends_at
     left = max(0.0, ends - claim.ctx.clock()) if ends is not None else None
-    return Leftover(unfit, need, left, unclaimable, paused, waiting, oversize, why)
+    return Leftover(unfit, need, left, unclaimable, paused, waiting, oversize, why, after)

@@ -8,38 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from httk_flow.errors import FlowError, JobNotFound, UsageError
-from httk_flow.ops.lookup import find
-from httk_flow.protocol import names
+from httk_flow.ops.select import resolve_after
 from httk_flow.protocol.after import MAX_AFTER, After, AfterPolicy, DependencySets
 from httk_flow.protocol.handles import JobHandle
-from httk_flow.protocol.jobs import all_jobs, load_spec
+from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.release import make_set
 from httk_flow.protocol.workspace import Workspace
-
-
-def resolve(ws: Workspace, text: str) -> list[JobHandle]:
-    """The jobs a dependency selector names: `job:IDENT`, `tag:TAG`, or a bare job
-    ident, else a tag."""
-    kind, colon, rest = text.partition(":")
-    if not colon:
-        kind, rest = "", text
-    if kind == "job" or (kind == "" and _looks_like_job(rest)):
-        try:
-            return [find(ws, rest)]
-        except JobNotFound:
-            if kind == "job":
-                raise
-    if kind in ("tag", ""):
-        if not names.TAG_RE.fullmatch(rest):
-            raise UsageError("is not a job, tag or group", obj=f"--after {text!r}")
-        return [h for h in all_jobs(ws) if h.marker.tag == rest]
-    raise UsageError("must be job:IDENT, tag:TAG or a job or tag", obj=f"--after {text!r}")
-
-
-def _looks_like_job(text: str) -> bool:
-    return names.KEY_RE.fullmatch(text) is not None or (
-        len(text) >= 8 and all(c in "0123456789abcdef" for c in text)
-    )
 
 
 @dataclass(frozen=True)
@@ -73,7 +47,10 @@ def prepare(
                 obj=f"--after {text!r}",
                 hint="give the new jobs another --group",
             )
-        members = resolve(ws, text)
+        try:
+            members = resolve_after(ws, text)
+        except JobNotFound:
+            members = []
         if not members:
             raise JobNotFound(
                 "matches no job", obj=f"--after {text!r}", hint="see the jobs with `flow list`"
@@ -101,7 +78,7 @@ class DependencyView:
     def words(self) -> str:
         n = sum(self.ended.values())
         parts = ", ".join(f"{v} {k}" for k, v in sorted(self.ended.items()))
-        s = f"after {self.after.selector} ({self.after.policy.value}): {n} of {self.members} ended"
+        s = f"{self.after.selector} ({self.after.policy.value}): {n} of {self.members} ended"
         if parts:
             s += f" ({parts})"
         if self.broken is not None:

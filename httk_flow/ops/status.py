@@ -210,6 +210,15 @@ def workspace_status(
         )
     if backoff:
         blocked.append(("waiting out a retry backoff", backoff))
+    if counts[State.WAITING]:
+        # by name alone: `.a` marks a job whose dependencies (--after) have not all ended
+        deps = sum(
+            1 for h in walk_all(ws, State.WAITING) if h.marker.after and (keep is None or keep(h))
+        )
+        if deps:
+            blocked.append(
+                ("waiting for dependencies that have not ended (`flow show JOB` names them)", deps)
+            )
     from httk_flow.scale.allocation_records import AllocationStore  # lazy: allocations reads status
 
     paused = AllocationStore(ws).paused()

@@ -21,9 +21,10 @@ from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.frames import AttemptRecord, Body, Last, LastKind
 from httk_flow.protocol.fsio import fs
-from httk_flow.protocol.jobs import registrable
+from httk_flow.protocol.jobs import fail, registrable
 from httk_flow.protocol.leases import Liveness, read_managers
 from httk_flow.protocol.procs import group_alive
+from httk_flow.protocol.release import resume_target, settle_with_retry
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
@@ -265,10 +266,33 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
         snap = snap.but(act=snap.act + 1)
     if step is not None:
         snap = snap.but(step=step, join_ref=None)
+    if st is State.PAUSED and job.marker.after:
+        return _resume_dependent(ws, job, was.carry(snap=snap, why="resumed"))
     new = transition(ws, job, State.READY, was.carry(snap=snap, why="resumed"), actor=_actor())
     # a pause request still pending names a generation before the pause or failure, so
     # the next manager to look retires it rather than pausing this new activation
     return SteerResult(job.key, st, new.state)
+
+
+def _resume_dependent(ws: Workspace, job: JobHandle, body: Body) -> SteerResult:
+    """A paused job whose dependencies are not met yet (`.a`): ready once its sets are met,
+    else back to waiting (and looked at again: a set decided between the check and that
+    rename found it paused), or cancelled or failed as a broken set says (§14)."""
+    decided = resume_target(ws, job)
+    assert decided is not None  # the caller saw `.a`
+    target, v = decided
+    actor = _actor()
+    if target is State.FAILED:
+        new = fail(ws, job, body, "dependency_failure", v.reason, actor=actor)
+    elif target is State.CANCELLED:
+        why = body.but(why="dependency not met", reason=v.reason)
+        new = transition(ws, job, State.CANCELLED, why, actor=actor)
+    elif target is State.WAITING:
+        new = transition(ws, job, State.WAITING, body.but(why="after"), actor=actor)
+        new = settle_with_retry(ws, new, actor=actor) or new
+    else:
+        new = transition(ws, job, State.READY, body, actor=actor)
+    return SteerResult(job.key, job.state, new.state)
 
 
 def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:

@@ -88,11 +88,11 @@ def _register_after(
         return fail(ws, job, frame, "dependency_failure", v.reason, actor=actor)
     waits = v.kind == "wait"
     if spec.hold:
-        body = frame.body.carry(why="held", message=v.reason if waits else None)
+        body = frame.body.carry(why="held")
         return transition(ws, job, State.PAUSED, body, actor=actor, after=waits)
     if not waits:
         return transition(ws, job, State.READY, frame.body.carry(why=v.reason), actor=actor)
-    body = frame.body.carry(why="after", message=v.reason)
+    body = frame.body.carry(why="after")
     return transition(ws, job, State.WAITING, body, actor=actor, after=True)
 
 

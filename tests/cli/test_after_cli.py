@@ -75,3 +75,58 @@ def test_an_array_after_a_tag_names_its_sets_after_the_batch_and_a_rerun_adds_no
         ws, "submit", "--after", "tag:first", "--after-policy", "any", "--array", "1-5", "true"
     )
     assert other.returncode == 0 and "nothing new" not in other.stderr
+
+
+def test_waiting_for_its_own_group_is_refused_as_a_cycle(ws: str) -> None:
+    flow(ws, "submit", "--group", "relax", "true")
+    r = flow(ws, "submit", "--group", "relax", "--after", "group:relax", "true")
+    assert r.returncode == 2
+    assert r.stderr == (
+        "flow: error: --after 'group:relax': names the group these jobs join: a job cannot "
+        "wait for itself; give the new jobs another --group\n"
+    )
+
+
+def test_a_dependent_paused_while_waiting_is_ready_on_resume_once_its_dependency_ended(
+    ws: str,
+) -> None:
+    first = flow(ws, "submit", "--hold", "--group", "relax", "true").stdout.strip()
+    held = flow(ws, "submit", "--hold", "--after", "group:relax", "true").stdout.strip()
+    second = flow(ws, "submit", "--after", "group:relax", "true").stdout.strip()
+    assert flow(ws, "run").returncode == 4  # held and waiting jobs are left
+    shown = flow(ws, "show", second).stdout
+    assert "\nafter       group:relax (ok): 0 of 1 ended\n" in shown
+    status = flow(ws, "status").stdout
+    assert "blocked: 1 job: waiting for dependencies that have not ended" in status
+    assert flow(ws, "pause", second).returncode == 0
+    assert flow(ws, "release", "--group", "relax").returncode == 0
+    assert flow(ws, "run").returncode == 4  # the two paused dependents are left
+    jobs = {j["id"]: j["state"] for j in json.loads(flow(ws, "list", "--json").stdout)["jobs"]}
+    assert jobs == {first: "succeeded", held: "paused", second: "paused"}
+    # their sets were met while they were paused: a resume makes them ready, not waiting
+    r = flow(ws, "resume", second, held, "--json")
+    assert r.returncode == 0, r.stderr
+    assert flow(ws, "run").returncode == 0
+    jobs = {j["id"]: j["state"] for j in json.loads(flow(ws, "list", "--json").stdout)["jobs"]}
+    assert set(jobs.values()) == {"succeeded"}
+    doc = json.loads(flow(ws, "show", held, "--json").stdout)
+    [dep] = doc["after"]
+    assert (dep["selector"], dep["policy"], dep["members"], dep["complete"]) == (
+        "group:relax",
+        "ok",
+        1,
+        True,
+    )
+    assert dep["ended"] == {"succeeded": 1}
+
+
+def test_cancelling_a_dependency_cancels_its_dependents_with_the_reason(ws: str) -> None:
+    first = flow(ws, "submit", "--hold", "true").stdout.strip()
+    second = flow(ws, "submit", "--after", first, "true").stdout.strip()
+    anyway = flow(ws, "submit", "--after", first, "--after-policy", "any", "true").stdout.strip()
+    assert flow(ws, "run").returncode == 4
+    assert flow(ws, "cancel", first).returncode == 0
+    doc = json.loads(flow(ws, "show", second, "--json").stdout)
+    assert doc["state"] == "cancelled"
+    assert flow(ws, "run").returncode == 0
+    assert json.loads(flow(ws, "show", anyway, "--json").stdout)["state"] == "succeeded"

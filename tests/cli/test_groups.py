@@ -40,8 +40,9 @@ def test_each_submission_is_a_group_of_its_own_named_in_its_output(tmp_path: Pat
     one = _json(root, "submit", "true")
     arr = _json(root, "submit", "--array", "1-3", "true")
     named = _json(root, "submit", "--group", "camp", "--tag", "t", "true")
-    for doc in (one, arr):
-        assert re.fullmatch(r"sub-\d{8}-\d{6}-[0-9a-f]{4}", doc["group"]), doc
+    assert re.fullmatch(r"sub-\d{8}-\d{6}-[0-9a-f]{4}", one["group"]), one
+    # a batch is one group, named after its batch id (a re-run adds to the same group)
+    assert arr["group"] == arr["batch"] and re.fullmatch(r"b-[0-9a-f]{12}", arr["group"])
     assert one["group"] != arr["group"] and named["group"] == "camp"
     shown = _json(root, "show", named["jobs"][0]["key"])
     assert (shown["group"], shown["definition"]["group"]) == ("camp", "camp")

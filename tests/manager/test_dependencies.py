@@ -183,7 +183,9 @@ def test_policy_wait_keeps_a_dependent_waiting_until_its_failed_dependency_is_re
     assert infos[first].state is State.FAILED
     assert infos[second].state is State.WAITING, dump(root)
     assert infos[second].handle.marker.after
-    assert "waits for" in str(infos[second].last.get("message"))
+    assert infos[second].last.get("why") == "after"
+    shown = flow("show", "-w", root, second)
+    assert f"{first} (wait): 0 of 1 ended" in shown.stdout, shown.stdout
     r = flow("resume", "-w", root, first)
     assert r.returncode == 0, r.stderr
     assert managers.run(root) == 0, dump(root)
