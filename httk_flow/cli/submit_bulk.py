@@ -132,9 +132,10 @@ def submit_bulk(
 
 
 def _in_group(plan: BatchPlan, group: str) -> BatchPlan:
+    """Every job of the batch in `group`, but for lines that name their own."""
     make = plan.make
     return dataclasses.replace(
-        plan, make=lambda: (dataclasses.replace(r, group=group) for r in make())
+        plan, make=lambda: (dataclasses.replace(r, group=r.group or group) for r in make())
     )
 
 

@@ -18,7 +18,7 @@ from httk_flow.protocol.submit import SubmitRequest
 LINE_KEYS = frozenset(
     "name tag step params priority placement pool requires time retries args "
     "program inputs workdir require_outcome time_limit time_limit_factor max_attempts "
-    "cpus gpus mem resources bundle in_place".split()
+    "cpus gpus mem resources bundle in_place group hold".split()
 )
 MAX_ARRAY = 10_000_000
 #: a line's resource request, each key over the command line's
@@ -189,7 +189,7 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
                 if not isinstance(v, int) or isinstance(v, bool):
                     raise UsageError("must be an integer", obj=k)
                 setattr(req, k, v)
-            elif k in ("require_outcome", "in_place"):
+            elif k in ("require_outcome", "in_place", "hold"):
                 if not isinstance(v, bool):
                     raise UsageError("must be true or false", obj=k)
                 setattr(req, k, v)
