@@ -59,6 +59,8 @@ DEFAULT_COLUMNS = "id,tag,state,step,prio,attempts,elapsed,limit,placement"
 def _reason(r: lookup.JobRow) -> str:
     if r.failure is not None:
         return r.failure.code
+    if r.handle.marker.after:
+        return "after"  # waits for dependencies not yet met (`flow show` names them)
     return f"interrupted ({r.interrupted})" if r.interrupted else "-"
 
 
@@ -121,7 +123,7 @@ def list_(
     listed = list(rows)
     if names is None:
         names = DEFAULT_COLUMNS.split(",")
-        if any(r.failure is not None for r in listed):
+        if any(r.failure is not None or r.handle.marker.after for r in listed):
             names.insert(names.index("elapsed"), "reason")
     app.table(
         [COLUMNS[c][0] for c in names],

@@ -346,6 +346,8 @@ class JobRow:
             "end": self.end,
             "failure": self.failure.to_json() if self.failure is not None else None,
             "interrupted": self.interrupted,
+            # its dependencies (--after) are not all met yet: the marker says so
+            "after": h.marker.after,
         }
 
 

@@ -96,6 +96,9 @@ def test_a_dependent_paused_while_waiting_is_ready_on_resume_once_its_dependency
     assert flow(ws, "run").returncode == 4  # held and waiting jobs are left
     shown = flow(ws, "show", second).stdout
     assert "\nafter       group:relax (ok): 0 of 1 ended\n" in shown
+    listed = flow(ws, "list", "--state", "waiting").stdout.splitlines()
+    assert listed[0].split()[6] == "REASON" and listed[1].split()[6] == "after", listed
+    assert json.loads(flow(ws, "list", "--json", second).stdout)["jobs"][0]["after"] is True
     status = flow(ws, "status").stdout
     assert "blocked: 1 job: waiting for dependencies that have not ended" in status
     assert flow(ws, "pause", second).returncode == 0

@@ -74,7 +74,9 @@ def test_list_json_rows_have_the_contract_keys(runner: CliRunner, ws: str) -> No
         "end",
         "failure",
         "interrupted",
+        "after",
     }
+    assert rows[0]["after"] is False
     assert (rows[0]["tag"], rows[0]["state"], rows[0]["priority"]) == ("a", "submitted", 7)
     assert (rows[0]["limit"], rows[0]["elapsed"]) == (None, None)
     assert (rows[0]["start"], rows[0]["end"], rows[0]["failure"]) == (None, None, None)
