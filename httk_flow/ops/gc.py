@@ -19,7 +19,7 @@ from filelock import FileLock, Timeout
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.protocol import layout, requests
 from httk_flow.protocol.after import DependencySets
-from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.discovery import markers_of_placement, walk_all
 from httk_flow.protocol.journal import iter_segment, segment_name
 from httk_flow.protocol.leases import read_managers
 from httk_flow.protocol.states import State
@@ -210,5 +210,23 @@ def _dependency_sets(ws: Workspace, report: GcReport, now: float) -> None:
             changed = os.stat(os.path.join(path, "released")).st_mtime
         except OSError:
             continue
-        if changed < horizon:
+        if changed < horizon and not _still_needed(ws, sets, set_id):
             _remove(report, "dependency_set", path, is_dir=True)
+
+
+def _still_needed(ws: Workspace, sets: DependencySets, set_id: str) -> bool:
+    """A dependent that still decides from its sets (submitted, or `.a`), or that has no
+    marker yet (its birth to be completed), may read this set again: keep it."""
+    by_placement: dict[str, set[str]] = {}
+    for key, placement in sets.dependents(set_id):
+        by_placement.setdefault(placement, set()).add(key)
+    for placement, keys in by_placement.items():
+        seen = set()
+        for st, m in markers_of_placement(ws, placement):
+            if m.key in keys:
+                seen.add(m.key)
+                if st is State.SUBMITTED or m.after:
+                    return True
+        if seen != keys:
+            return True
+    return False

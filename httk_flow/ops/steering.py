@@ -227,12 +227,17 @@ def _pause_submitted(ws: Workspace, job: JobHandle, was: Body) -> SteerResult:
     """submitted -> paused, only for a definition registration would accept: resume
     goes straight to ready, so an invalid one is left for registration to fail."""
     try:
-        registrable(ws, job)
+        spec = registrable(ws, job)
     except FlowError as e:
         raise UsageError(
             f"is left for registration, which fails it: {e.render()}", obj=f"job {job.key}"
         ) from None
-    new = transition(ws, job, State.PAUSED, was.carry(why="paused"), actor=_actor())
+    # a dependent keeps its dependencies: `.a` until its sets say otherwise (its
+    # releaser settles it while paused, its resume decides from its sets)
+    body = was.carry(why="paused")
+    new = transition(ws, job, State.PAUSED, body, actor=_actor(), after=bool(spec.after))
+    if spec.after:
+        new = settle_with_retry(ws, new, actor=_actor())[0] or new
     return SteerResult(job.key, job.state, new.state)
 
 
@@ -277,22 +282,33 @@ def resume(ws: Workspace, job: JobHandle, step: str | None = None) -> SteerResul
 def _resume_dependent(ws: Workspace, job: JobHandle, body: Body) -> SteerResult:
     """A paused job whose dependencies are not met yet (`.a`): ready once its sets are met,
     else back to waiting (and looked at again: a set decided between the check and that
-    rename found it paused), or cancelled or failed as a broken set says (§14)."""
-    decided = resume_target(ws, job)
-    assert decided is not None  # the caller saw `.a`
-    target, v = decided
-    actor = _actor()
-    if target is State.FAILED:
-        new = fail(ws, job, body, "dependency_failure", v.reason, actor=actor)
-    elif target is State.CANCELLED:
-        why = body.but(why="dependency not met", reason=v.reason)
-        new = transition(ws, job, State.CANCELLED, why, actor=actor)
-    elif target is State.WAITING:
-        new = transition(ws, job, State.WAITING, body.but(why="after"), actor=actor)
-        new = settle_with_retry(ws, new, actor=actor) or new
-    else:
-        new = transition(ws, job, State.READY, body, actor=actor)
-    return SteerResult(job.key, job.state, new.state)
+    rename found it paused), or cancelled or failed as a broken set says (§14). A
+    releaser that moved it first (dropping `.a`) is followed: it is then resumed as any."""
+    first, actor = job.state, _actor()
+    for _ in range(5):
+        try:
+            if not job.marker.after:
+                new = transition(ws, job, State.READY, body, actor=actor)
+                return SteerResult(job.key, first, new.state)
+            decided = resume_target(ws, job)
+            assert decided is not None  # `.a` was seen
+            target, v = decided
+            if target is State.FAILED:
+                new = fail(ws, job, body, "dependency_failure", v.reason, actor=actor)
+            elif target is State.CANCELLED:
+                why = body.but(why="dependency not met", reason=v.reason)
+                new = transition(ws, job, State.CANCELLED, why, actor=actor)
+            elif target is State.WAITING:
+                new = transition(ws, job, State.WAITING, body.but(why="after"), actor=actor)
+                new = settle_with_retry(ws, new, actor=actor)[0] or new
+            else:
+                new = transition(ws, job, State.READY, body, actor=actor)
+            return SteerResult(job.key, first, new.state)
+        except TransitionConflict:
+            job = _retry_locate(ws, job)
+            if job.state is not State.PAUSED:
+                return SteerResult(job.key, first, job.state, f"it is {job.state.value} now")
+    raise FlowError("kept changing state while being resumed", obj=f"job {job.key}")
 
 
 def set_priority(ws: Workspace, job: JobHandle, priority: int) -> SteerResult:

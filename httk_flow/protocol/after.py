@@ -23,6 +23,7 @@ from httk_flow.errors import InvalidJob, UsageError
 from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import fs, fsync_dir, write_file
 from httk_flow.protocol.handles import JobHandle
+from httk_flow.protocol.names import Marker, RecordRef
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -160,7 +161,7 @@ class DependencySets:
         set_id = set_id or new_set_id()
         final = self.set_dir(set_id)
         if fs.exists(final):
-            return set_id, []
+            return set_id, self.pending_members(set_id)
         tmp = os.path.join(ws.tmp, f"after-{set_id}.{os.urandom(4).hex()}")
         os.makedirs(os.path.join(tmp, "ended"))
         os.mkdir(os.path.join(tmp, "pending"))
@@ -206,10 +207,24 @@ class DependencySets:
             if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
             _rmtree(tmp)
-            return set_id, []
+            return set_id, self.pending_members(set_id)
         if durable:
             fsync_dir(self.root)
         return set_id, pending
+
+    def pending_members(self, set_id: str) -> list[JobHandle]:
+        """The members of a set not counted yet, as placeholders (key and placement: what
+        watching them needs), for a submitter that finds the set made already: the one
+        that made it may have died before watching them."""
+        d = os.path.join(self.set_dir(set_id), "pending")
+        out = []
+        for key in _names(d):
+            try:
+                placement = fs.read_bytes(os.path.join(d, key), 4096).decode()
+            except OSError:
+                continue
+            out.append(JobHandle(State.SUBMITTED, placement, _placeholder(key)))
+        return out
 
     def watch(self, set_id: str, policy: AfterPolicy, members: Iterable[JobHandle]) -> None:
         """Make each pending member's watch entry, so its end finds the set."""
@@ -217,11 +232,15 @@ class DependencySets:
         entry = _entry_name(policy, set_id)
         for h in members:
             d = layout.watch_member(self.ws.root, h.key)
-            os.makedirs(d, exist_ok=True)
-            try:
-                write_file(os.path.join(d, entry), h.placement.encode(), durable=durable)
-            except FileExistsError:
-                pass
+            for _ in range(5):
+                os.makedirs(d, exist_ok=True)
+                try:
+                    write_file(os.path.join(d, entry), h.placement.encode(), durable=durable)
+                    break
+                except FileExistsError:
+                    break
+                except FileNotFoundError:
+                    continue  # the member's end removed its emptied watch directory
 
     def add_dependents(self, set_id: str, jobs: Iterable[tuple[str, str]]) -> None:
         """List dependents (key, placement) before they are published: one append."""
@@ -256,13 +275,13 @@ class DependencySets:
     def status(self, set_id: str, *, count: bool = False) -> SetStatus:
         """Is the set complete or broken; with `count`, its members counted by end."""
         d = self.set_dir(set_id)
+        # pending/ first: a breaking end writes `broken` before its count, so a set seen
+        # complete here shows its `broken` below
+        complete = not fs.exists(os.path.join(d, "pending"))
         try:
             broken: str | None = fs.read_bytes(os.path.join(d, "broken"), 4096).decode()
-        except FileNotFoundError:
-            broken = None
         except OSError:
             broken = None
-        complete = not fs.exists(os.path.join(d, "pending"))
         if complete and not fs.exists(d):
             return SetStatus(set_id, False, False, None)
         if not count:
@@ -298,6 +317,10 @@ class DependencySets:
 
     def all_sets(self) -> list[str]:
         return [n for n in _names(self.root) if len(n) == 20 and set(n) <= _SET_CHARS]
+
+
+def _placeholder(key: str) -> Marker:
+    return Marker(key, 0, 0, RecordRef("x", 0, 0))
 
 
 def _names(path: str) -> list[str]:

@@ -11,7 +11,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable
 
-from httk_flow.errors import FlowError, TransitionConflict
+from httk_flow.errors import FlowError, InvalidJob, TransitionConflict
 from httk_flow.protocol import layout
 from httk_flow.protocol.after import AfterPolicy, DependencySets, Verdict, verdict
 from httk_flow.protocol.crash import crash_point
@@ -25,8 +25,10 @@ from httk_flow.protocol.transition import install_dependency_hook, transition
 from httk_flow.protocol.workspace import Workspace
 
 _TERMINAL = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
-#: where a dependent can be while its sets are open
-_DEPENDENT_STATES = (State.SUBMITTED, State.WAITING, State.PAUSED)
+#: where a dependent can be while its sets are open, in the order a release lists them:
+#: waiting again last, so a dependent a resume moves paused -> waiting while the listings
+#: run is seen in one of them
+_DEPENDENT_STATES = (State.SUBMITTED, State.WAITING, State.PAUSED, State.WAITING)
 
 
 def member_ended(ws: Workspace, job: JobHandle, *, actor: str) -> None:
@@ -68,14 +70,10 @@ def count_end(ws: Workspace, key: str, state: State) -> list[str]:
             kept = True  # a failed job may be resumed: it still counts later
             continue
         sd = sets.set_dir(set_id)
-        try:
-            fs.rename(
-                os.path.join(sd, "pending", key), os.path.join(sd, "ended", f"{key}.{state.value}")
-            )
-        except FileNotFoundError:
-            pass  # counted already (a crash after the count), or the set is gone
-        crash_point("after.after_count")
-        if policy.breaks(state):
+        pending = os.path.join(sd, "pending", key)
+        # `broken` before the count: whoever empties pending/ next must see it, or it
+        # would release the dependents as if every member had succeeded
+        if policy.breaks(state) and fs.exists(pending):
             try:
                 write_file(
                     os.path.join(sd, "broken"),
@@ -83,10 +81,13 @@ def count_end(ws: Workspace, key: str, state: State) -> list[str]:
                     durable=ws.policy.durable,
                 )
                 decided.append(set_id)
-            except FileExistsError:
-                pass
-            except FileNotFoundError:
-                pass  # no such set
+            except (FileExistsError, FileNotFoundError):
+                pass  # broken already, or no such set
+        try:
+            fs.rename(pending, os.path.join(sd, "ended", f"{key}.{state.value}"))
+        except FileNotFoundError:
+            pass  # counted already (a crash after the count), or the set is gone
+        crash_point("after.after_count")
         try:
             os.rmdir(os.path.join(sd, "pending"))
             decided.append(set_id)  # the last member: this end completed the set
@@ -119,29 +120,38 @@ def release_set(ws: Workspace, set_id: str, *, actor: str) -> int:
     for key, placement in sets.dependents(set_id):
         by_placement[placement].add(key)
     moved = 0
+    settled = True
     for placement, keys in by_placement.items():
         for h in _of_keys(ws, placement, keys, _DEPENDENT_STATES):
-            if settle_with_retry(ws, h, actor=actor) is not None:
-                moved += 1
+            new, ok = settle_with_retry(ws, h, actor=actor)
+            moved += new is not None
+            settled = settled and ok
     crash_point("after.before_released")
-    sets.mark_released(set_id, what)
+    if settled:
+        sets.mark_released(set_id, what)  # else the sweep releases it again
     return moved
 
 
-def settle_with_retry(ws: Workspace, h: JobHandle, *, actor: str) -> JobHandle | None:
+def settle_with_retry(ws: Workspace, h: JobHandle, *, actor: str) -> tuple[JobHandle | None, bool]:
     """settle, looking for the job again when something moved it first (a resume, a
-    registrant, another releaser)."""
-    for _ in range(3):
+    registrant, another releaser). Returns where it went (None: it stays) and whether
+    it was settled; False: an error that may pass (a full disk) left it for a sweep."""
+    for _ in range(5):
         try:
-            return settle(ws, h, actor=actor)
+            return settle(ws, h, actor=actor), True
         except TransitionConflict:
             again = _locate(ws, h.placement, h.key)
             if again is None:
-                return None
+                return None, True
             h = again
-        except FlowError:
-            return None
-    return None
+        except InvalidJob as e:
+            # its definition cannot be read: it could never be released, so it fails
+            with contextlib.suppress(FlowError):
+                return fail(ws, h, None, "protocol_error", e.render(), actor=actor), True
+            return None, False
+        except (FlowError, OSError):
+            return None, False
+    return None, False
 
 
 def settle(
@@ -343,7 +353,10 @@ def _moved(ws: Workspace, old: JobHandle, new: JobHandle, actor: str) -> None:
     elif old.marker.after:
         forget_marker(ws, new)
     if new.state.is_terminal and new.state is not old.state:
-        member_ended(ws, new, actor=actor)  # counted by the sets that wait for it
+        # counted by the sets that wait for it; the move itself has happened, so an error
+        # here (a full disk) is not its caller's: the watch entry stays and a sweep counts it
+        with contextlib.suppress(OSError, FlowError):
+            member_ended(ws, new, actor=actor)
 
 
 install_dependency_hook(_moved)

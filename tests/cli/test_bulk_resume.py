@@ -245,7 +245,14 @@ def test_an_identical_rerun_submits_nothing_new(tmp_path: Path, deck: Path) -> N
         "(give --batch-id to submit again)\n",
     )
     doc = orjson.loads(submit(root, "--json", "--from", str(deck), "true").stdout)
-    assert doc == {"jobs": [], "batch": key, "already": N, "submitted": 0, "complete": True}
+    assert doc == {
+        "jobs": [],
+        "group": key,  # a batch is one group, named after it
+        "batch": key,
+        "already": N,
+        "submitted": 0,
+        "complete": True,
+    }
 
 
 def test_the_same_batch_id_with_another_input_is_refused(tmp_path: Path) -> None:
