@@ -44,6 +44,7 @@ DOCUMENTED = {
     layout.allocations_unpaused(WS),
     layout.allocation_logs(WS) + "/",
     layout.local_allocation_file(WS, "<token>"),
+    layout.group_file(WS, "<digest>"),
     layout.after_set_dir(WS, "<set>") + "/",
     layout.watch_member(WS, "<key>") + "/",
     layout.after_hint(JOB),

@@ -344,7 +344,7 @@ def test_a_single_job_has_no_batch_and_is_always_submitted(tmp_path: Path) -> No
     root = fresh(tmp_path)
     for _ in range(2):
         r = submit(root, "--json", "true")
-        assert r.returncode == 0 and list(orjson.loads(r.stdout)) == ["jobs"]
+        assert r.returncode == 0 and list(orjson.loads(r.stdout)) == ["jobs", "group"]
     assert len(markers(root)) == 2 and record(root) is None
     r = submit(root, "--batch-id", "x", "true")
     assert (r.returncode, r.stderr) == (

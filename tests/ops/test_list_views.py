@@ -47,4 +47,4 @@ def test_list_shows_why_rows_failed_and_filters_by_code(
     r = flow("list", "--format", "tag,colour")
     assert r.exit_code == 2
     assert "--format tag,colour: unknown column colour" in r.stderr
-    assert "columns are id, fullid, key, tag, state" in r.stderr
+    assert "columns are id, fullid, key, tag, group, state" in r.stderr
