@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -13,7 +13,7 @@ from httk_flow.cli.options import workspace_option
 from httk_flow.cli.submit_bulk import SHOW_IDS, submit_bulk
 from httk_flow.errors import UsageError
 from httk_flow.ops import depend
-from httk_flow.protocol.after import After, AfterPolicy
+from httk_flow.protocol.after import AfterPolicy
 from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.groups import default_group
@@ -342,15 +342,10 @@ def submit(
                 )
     submitter = Submitter(ws)
     if array is not None or from_file is not None:
-        sets_of: Callable[[str], tuple[After, ...]] | None = None
         # the batch's digest covers the selectors; its sets are named after the batch, so
         # a re-run that completes it waits for the same sets (protocol.md §14)
         if after:
             base = dataclasses.replace(base, after=depend.placeholders(after, policy))
-
-            def sets_of(batch: str) -> tuple[After, ...]:
-                return depend.prepare(ws, after, policy, actor="submit", seed=batch).after
-
         return submit_bulk(
             app,
             submitter,
@@ -359,7 +354,6 @@ def submit(
             array=array,
             batch_id=batch_id,
             as_json=as_json,
-            after=sets_of,
             group=group,
         )
     base = dataclasses.replace(base, group=group or default_group())

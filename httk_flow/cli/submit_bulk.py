@@ -18,7 +18,7 @@ from typing import IO, Any
 from httk_flow.cli.app import App
 from httk_flow.errors import UsageError
 from httk_flow.ops.batch import BatchPlan, BulkResult, plan_array, plan_jsonl, run_batch
-from httk_flow.protocol.after import After
+from httk_flow.ops.depend import BatchSets
 from httk_flow.protocol.jobspec import JobSpec
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 
@@ -74,7 +74,6 @@ def submit_bulk(
     array: str | None,
     batch_id: str | None,
     as_json: bool,
-    after: Callable[[str], tuple[After, ...]] | None = None,
     group: str | None = None,
 ) -> None:
     """Plan the batch (every line validated, nothing published), then publish what of it
@@ -82,9 +81,9 @@ def submit_bulk(
     with ExitStack() as stack:
         intr = stack.enter_context(Interrupts())
         try:
-            plan = _plan(stack, submitter, base, from_file, array, batch_id)
-            if after is not None:
-                plan = _with_sets(plan, after(plan.key))
+            plan, lines_after = _plan(stack, submitter, base, from_file, array, batch_id)
+            if base.after or lines_after:
+                plan = _with_sets(plan, BatchSets(app.ws, plan.key, actor="submit"))
             # a batch is one group: named after the batch unless --group names it, so a
             # re-run that completes it adds to the same group
             group = group or plan.key
@@ -139,12 +138,16 @@ def _in_group(plan: BatchPlan, group: str) -> BatchPlan:
     )
 
 
-def _with_sets(plan: BatchPlan, sets: tuple[After, ...]) -> BatchPlan:
-    """The plan's requests waiting for the batch's dependency sets (made once its id is
-    known) instead of the placeholders its digest was taken over."""
+def _with_sets(plan: BatchPlan, sets: BatchSets) -> BatchPlan:
+    """The plan's requests waiting for the batch's dependency sets instead of the
+    placeholders its digest was taken over (--after, a line's `after`). Every set is made
+    before the first job is published, so a selector that names no job submits nothing."""
+    reals = {r.after: sets.real(r.after) for r in plan.make()}
+    if not reals:
+        return plan
     make = plan.make
     return dataclasses.replace(
-        plan, make=lambda: (dataclasses.replace(r, after=sets) for r in make())
+        plan, make=lambda: (dataclasses.replace(r, after=reals[r.after]) for r in make())
     )
 
 
@@ -169,9 +172,11 @@ def _plan(
     from_file: str | None,
     array: str | None,
     batch_id: str | None,
-) -> BatchPlan:
+) -> tuple[BatchPlan, bool]:
+    """The plan, and whether a line may name dependencies of its own (its text holds
+    "after": a byte search, so a batch without any costs no second parse)."""
     if array is not None:
-        return plan_array(submitter, base, array, batch_id)
+        return plan_array(submitter, base, array, batch_id), False
     assert from_file is not None
     read: Callable[[], Iterable[bytes]]
     if from_file == "-":
@@ -185,7 +190,8 @@ def _plan(
             return fh
 
         where = from_file
-    return plan_jsonl(submitter, read, base, where, batch_id)
+    plan = plan_jsonl(submitter, read, base, where, batch_id)
+    return plan, any(b'"after"' in line for line in read())
 
 
 def _publish(

@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import FlowError, UsageError
+from httk_flow.ops.depend import placeholders
+from httk_flow.protocol.after import After, AfterPolicy
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.resources import Request
 from httk_flow.protocol.submit import SubmitRequest
@@ -18,7 +20,7 @@ from httk_flow.protocol.submit import SubmitRequest
 LINE_KEYS = frozenset(
     "name tag step params priority placement pool requires time retries args "
     "program inputs workdir require_outcome time_limit time_limit_factor max_attempts "
-    "cpus gpus mem resources bundle in_place group hold".split()
+    "cpus gpus mem resources bundle in_place group hold after after_policy".split()
 )
 MAX_ARRAY = 10_000_000
 #: a line's resource request, each key over the command line's
@@ -163,8 +165,10 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
     try:
         if RESOURCE_KEYS & data.keys():
             req.resources = _resources(data, base.resources, obj)
+        if "after" in data or "after_policy" in data:
+            req.after = _after(data, base)
         for k, v in data.items():
-            if k in RESOURCE_KEYS:
+            if k in RESOURCE_KEYS or k in ("after", "after_policy"):
                 continue
             if k in ("time", "time_limit"):
                 if isinstance(v, str):
@@ -204,6 +208,25 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
     except FlowError as e:
         raise UsageError(e.render(), obj=obj) from None
     return req
+
+
+def _after(data: dict[str, Any], base: SubmitRequest) -> tuple[After, ...]:
+    """A line's own dependencies: `after` (a selector or a list of them) under
+    `after_policy` (default: the command line's, else ok), as placeholders the batch
+    makes into sets before it publishes (ops/depend.py)."""
+    pol = data.get("after_policy")
+    if pol is None:
+        policy = base.after[0].policy if base.after else AfterPolicy.OK
+    elif isinstance(pol, str):
+        policy = AfterPolicy.parse(pol, "after_policy")
+    else:
+        raise UsageError("must be ok, fail, wait or any", obj="after_policy")
+    sel = data.get("after", [a.selector for a in base.after])
+    if isinstance(sel, str):
+        sel = [sel]
+    if not isinstance(sel, list) or not all(isinstance(x, str) and x.strip() for x in sel):
+        raise UsageError("must be a selector or a list of selectors", obj="after")
+    return placeholders(sel, policy)
 
 
 def _resources(data: dict[str, Any], base: Request, obj: str) -> Request:

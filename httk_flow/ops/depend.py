@@ -118,7 +118,33 @@ def _set_id(seed: str | None, selector: str, policy: AfterPolicy) -> str | None:
     return hashlib.sha256(f"{seed}\0{selector}\0{policy.value}".encode()).hexdigest()[:20]
 
 
+#: the set id of a placeholder: a selector and policy whose set is not made yet
+PLACEHOLDER = "0" * 20
+
+
 def placeholders(selectors: Sequence[str], policy: AfterPolicy) -> tuple[After, ...]:
-    """What a batch's digest sees of its --after before the sets exist: the selectors and
-    the policy (the sets are named after the batch once its id is known)."""
-    return tuple(After("0" * 20, s.strip(), policy) for s in dict.fromkeys(selectors))
+    """What a batch's digest sees of its --after (or a line's `after`) before the sets
+    exist: the selectors and the policy (the sets are named after the batch once its id
+    is known)."""
+    return tuple(After(PLACEHOLDER, s.strip(), policy) for s in dict.fromkeys(selectors))
+
+
+class BatchSets:
+    """The dependency sets of one batch, one per distinct (selector, policy), named after
+    the batch: placeholders made real, each set made once however many jobs name it."""
+
+    def __init__(self, ws: Workspace, batch: str, *, actor: str) -> None:
+        self.ws, self.batch, self.actor = ws, batch, actor
+        self._made: dict[tuple[str, AfterPolicy], After] = {}
+
+    def real(self, after: tuple[After, ...]) -> tuple[After, ...]:
+        return tuple(self._one(a) if a.set == PLACEHOLDER else a for a in after)
+
+    def _one(self, a: After) -> After:
+        got = self._made.get((a.selector, a.policy))
+        if got is None:
+            [got] = prepare(
+                self.ws, [a.selector], a.policy, actor=self.actor, seed=self.batch
+            ).after
+            self._made[(a.selector, a.policy)] = got
+        return got
