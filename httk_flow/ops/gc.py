@@ -222,7 +222,7 @@ def _still_needed(ws: Workspace, sets: DependencySets, set_id: str) -> bool:
         by_placement.setdefault(placement, set()).add(key)
     for placement, keys in by_placement.items():
         seen = set()
-        for st, m in markers_of_placement(ws, placement):
+        for st, m in markers_of_placement(ws, placement, keys=keys):
             if m.key in keys:
                 seen.add(m.key)
                 if st is State.SUBMITTED or m.after:

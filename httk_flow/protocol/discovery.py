@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from httk_flow.protocol.fsio import fs
@@ -206,10 +206,12 @@ def markers_of_placement(
     states: Iterable[State] = tuple(State),
     *,
     key: str | None = None,
+    keys: Collection[str] | None = None,
 ) -> Iterator[tuple[State, Marker]]:
     """(state, marker) of every marker name directly in one placement (only job `key`'s,
-    if given), one listing per state kind (in `states` order). A kind whose directory
-    cannot be listed is skipped."""
+    or those of `keys`, if given), one listing per state kind (in `states` order). A kind
+    whose directory cannot be listed is skipped. A name is parsed only when its key (all
+    before the first dot: a key holds none) is wanted."""
     prefix = key + "." if key is not None else ""
     for st in states:
         try:
@@ -221,6 +223,8 @@ def markers_of_placement(
         for name in entries:
             if not name.startswith(prefix):
                 continue  # cheaper than parsing every other job's name
+            if keys is not None and name.partition(".")[0] not in keys:
+                continue
             m = Marker.parse_or_none(name)
             if m is not None and (key is None or m.key == key):
                 yield st, m

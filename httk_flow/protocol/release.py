@@ -202,9 +202,8 @@ def resume_target(ws: Workspace, h: JobHandle) -> tuple[State, Verdict] | None:
 def _of_keys(
     ws: Workspace, placement: str, keys: set[str], states: Iterable[State]
 ) -> list[JobHandle]:
-    """The markers of `keys` in one placement, one listing per state kind; a name is parsed
-    only when its key is wanted (a key holds no dot), so a listing of many other jobs
-    costs little more than the listing itself."""
+    """The markers of `keys` in one placement: by their hints when there are few, else one
+    listing per state kind."""
     out: dict[str, JobHandle] = {}
     if len(keys) <= HINTED:
         for key in keys:
@@ -214,16 +213,8 @@ def _of_keys(
         keys = keys - out.keys()
         if not keys:
             return list(out.values())
-    for st in states:
-        try:
-            names = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
-        except OSError:
-            continue
-        for name in names:
-            if name.partition(".")[0] in keys:
-                m = Marker.parse_or_none(name)
-                if m is not None:
-                    out.setdefault(m.key, JobHandle(st, placement, m))
+    for st, m in markers_of_placement(ws, placement, states, keys=keys):
+        out.setdefault(m.key, JobHandle(st, placement, m))
     return list(out.values())
 
 
