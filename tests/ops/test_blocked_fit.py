@@ -136,7 +136,10 @@ def test_a_look_reads_a_bounded_sample_and_learns_the_rest_over_looks(
             assert q.n == 40
         first, last = looks[0], looks[-1]
         assert first.sampled == 8 and not first.exact  # 8 job.json read, 32 estimated
-        assert 1 <= first.count(lambda t: t == 600.0) <= 40
+        # an estimate from 8 of 40: a sample may hold none of the ten long ones (about 1 in
+        # 13), so the estimate is bounded, not nonzero
+        assert 0 <= first.count(lambda t: t == 600.0) <= 40
+        assert first.count(lambda t: t in (60.0, 600.0)) == 40
         assert last.exact  # 8 more each look, every one kept: all 40 known
         assert last.count(lambda t: t == 600.0) == 10
         assert len(req.known) == 40
