@@ -2,7 +2,8 @@
 
 For each workload one httk_flow bash-API runner and one reference bash-SDK runner that do
 the same steps, plus REF_HAND: the reference's outcomes published by hand through its
-documented rename protocol, so that no interpreter starts inside a job.
+documented rename protocol, so that no interpreter starts inside a job; HQ_API1, the same
+shell work as FLOW_API1 for HyperQueue (no engine API); NOOP, a bare bash script file.
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ source "$FLOW_BASH_API"
 flow_steps main
 step_main() { flow_succeed; }
 flow_main "$@"
+"""
+
+#: HyperQueue's peer of FLOW_API1: the same shell work without an engine API. A bash
+#: script file run as ./hq_api1.sh whose one step function writes a small outcome JSON with
+#: printf into the task's own directory (HQ_TASK_DIR); HyperQueue takes the exit status.
+#: FLOW_API1 also sources the API (function definitions, no process) and publishes its
+#: outcome with one `mv` (a fork and exec): that difference is httk_flow's cost, measured.
+HQ_API1 = """#!/usr/bin/env bash
+steps=(main)
+step_main() { printf '{"action":"%s","message":"%s"}\\n' succeed "" >"$HQ_TASK_DIR/outcome.json"; }
+"step_${steps[0]}" "$@"
+"""
+
+#: the floor of a job that is a bash script file: `./noop.sh` (env, then bash, reading it)
+NOOP = """#!/usr/bin/env bash
+:
 """
 
 FLOW_API2 = """#!/usr/bin/env bash
@@ -180,6 +197,8 @@ def runners(b: Bench) -> dict[str, str]:
             ("ref_sdk2", REF_SDK2),
             ("ref_sdk_fanout", REF_SDK_FANOUT),
             ("ref_hand", REF_HAND),
+            ("hq_api1", HQ_API1),
+            ("noop", NOOP),
         ):
             path = os.path.join(d, f"{name}.sh")
             with open(path, "w") as fh:

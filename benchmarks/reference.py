@@ -55,14 +55,16 @@ t0 = time.perf_counter()
 from hyperqueue import Job
 from hyperqueue.cluster import LocalCluster, WorkerConfig
 
-n, shell, server_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+# N SERVER_DIR TASK_DIR PROGRAM...: N tasks running PROGRAM (in the submitting directory);
+# TASK_DIR "1" gives each task a directory of its own (HQ_TASK_DIR, removed when it ends)
+n, server_dir, task_dir, program = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4:]
 with LocalCluster(server_dir=server_dir) as cluster:
     cluster.start_worker(WorkerConfig(cores=2))
     client = cluster.client()
     t1 = time.perf_counter()
     job = Job()
     for _ in range(n):
-        job.program([shell, "-c", "true"])
+        job.program(program, task_dir=task_dir)
     submitted = client.submit(job)
     t2 = time.perf_counter()
     ok = client.wait_for_jobs([submitted], raise_on_error=False)

@@ -41,6 +41,7 @@ from workloads import (
     ref_submit,
     ref_workload,
     xargs_argv,
+    xargs_script_argv,
 )
 
 # -- 1. bulk submission --------------------------------------------------------------------
@@ -106,9 +107,12 @@ def _e2e_rows(
     if sdk_sizes:
         sides["sdk"] = sdk_sizes
     if floors:
-        sides.update({"xargs_bash": flow_sizes, "xargs_sh": flow_sizes})
+        # the floors, /bin/true jobs through httk_flow, and HyperQueue on both kinds of work
+        for side in ("xargs_bash", "xargs_sh", "xargs_script", "flow_true"):
+            sides[side] = flow_sizes
         if _hq_ok(b):
             sides["hq"] = flow_sizes
+            sides["hq_script"] = flow_sizes
 
     def jobs_of(n: int) -> int:
         return n + 1 if fanout else n
@@ -130,9 +134,14 @@ def _e2e_rows(
         if floors:
             out["xargs_bash"] = (n / b.timed(xargs_argv(n, "bash")), "", {})
             out["xargs_sh"] = (n / b.timed(xargs_argv(n, "sh")), "", {})
+            out["xargs_script"] = (n / b.timed(xargs_script_argv(n, r["noop"])), "", {})
             if "hq" in sides:
                 secs, detail = hq_run(b, n)
                 out["hq"] = (n / secs, "", detail)
+                secs, detail = hq_run(b, n, r["hq_api1"])
+                out["hq_script"] = (n / secs, "", detail)
+            secs, detail = flow_workload(b, "true", n, durable=durable)
+            out["flow_true"] = (n / secs, "", detail)
         secs, detail = flow_workload(
             b, flow_prog, n, durable=durable, children=n if fanout else None
         )
@@ -153,11 +162,14 @@ def _e2e_rows(
     if floors:
         peers["xargs -P2 bash -c true"] = pts["xargs_bash"]
         targets["xargs -P2 bash -c true"] = at_least(0.5, "xargs bash")
+        peers["xargs -P2 -n1 ./noop.sh"] = pts["xargs_script"]
         peers["xargs -P2 sh -c true"] = pts["xargs_sh"]
         if "hq" in pts:
+            peers["HyperQueue (./hq_api1.sh, same bash work)"] = pts["hq_script"]
+            targets["HyperQueue (./hq_api1.sh, same bash work)"] = at_least(1.0, "HyperQueue")
             peers["HyperQueue (bash -c true)"] = pts["hq"]
     unit = "jobs/s"
-    return pair_rows(
+    rows = pair_rows(
         title,
         unit,
         _flow_points(pts),
@@ -171,10 +183,30 @@ def _e2e_rows(
             "published by mkdir + printf + mv, no interpreter)",
             "xargs -P2 bash -c true": "seq N | xargs -P2 -n1 bash -c true",
             "xargs -P2 sh -c true": "seq N | xargs -P2 -n1 sh -c true",
+            "xargs -P2 -n1 ./noop.sh": "cd DIR && seq N | xargs -P2 -n1 ./noop.sh  (a "
+            "#!/usr/bin/env bash script file holding `:`: a bare `bash script.sh`)",
+            "HyperQueue (./hq_api1.sh, same bash work)": "hyperqueue LocalCluster, one worker "
+            "with 2 cores, N tasks `./hq_api1.sh` with task_dir=True (a #!/usr/bin/env bash "
+            "script whose step function printf's an outcome JSON into $HQ_TASK_DIR); whole "
+            "script wall time",
             "HyperQueue (bash -c true)": "hyperqueue LocalCluster, one worker with 2 cores, "
             "N tasks `bash -c true`; whole script wall time",
         },
     )
+    if floors:
+        # the same repetitions' /bin/true jobs through httk_flow, beside the sh floor
+        rows += pair_rows(
+            title + ", /bin/true jobs",
+            unit,
+            [p for p in pts["flow_true"] if p is not None],
+            {"xargs -P2 sh -c true": pts["xargs_sh"]},
+            targets={"xargs -P2 sh -c true": at_least(0.5, "xargs sh")},
+            commands={
+                "xargs -P2 sh -c true": "flow submit --array 1-N true; flow run --workers 2  "
+                "|  seq N | xargs -P2 -n1 sh -c true"
+            },
+        )
+    return rows
 
 
 @versus("vs_e2e")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -60,7 +61,8 @@ def flow_workload(
     strace: str | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """Submit and run to idle with 2 workers: (seconds of `flow run`, detail)."""
-    ws = b.init(f"vs-{os.path.basename(program)[:-3]}-{children or jobs}", durable=durable)
+    label = os.path.splitext(os.path.basename(program))[0]
+    ws = b.init(f"vs-{label}-{children or jobs}", durable=durable)
     empty = _count_entries(ws)
     if children is not None:
         submit = [b.flow, "-w", ws, "submit", "--param", f"children={children}", program]
@@ -123,23 +125,37 @@ def ref_cap(b: Bench) -> float:
     return SIZES[b.profile.name].cap
 
 
-def hq_run(b: Bench, n: int) -> tuple[float, dict[str, Any]]:
+def hq_run(b: Bench, n: int, script: str | None = None) -> tuple[float, dict[str, Any]]:
+    """N HyperQueue tasks: `bash -c true`, or `./NAME` for a script copied in beforehand
+    (each task then has a directory of its own, HQ_TASK_DIR, to write its outcome in)."""
     ref: Reference = b.reference
     d = b.path(f"hq-{n}")
     server = os.path.join(d, "server")
     os.makedirs(server)
+    if script is None:
+        program = ["0", "bash", "-c", "true"]
+    else:
+        shutil.copy2(script, d)
+        program = ["1", "./" + os.path.basename(script)]
     t0 = time.perf_counter()
-    out = ref.sh([ref.python, "-c", HQ_SCRIPT, str(n), "bash", server], capture=True, cwd=d)
+    argv = [ref.python, "-c", HQ_SCRIPT, str(n), server, *program]
+    out = ref.sh(argv, capture=True, cwd=d)
     secs = time.perf_counter() - t0
     doc = json.loads(out.strip().splitlines()[-1])
     if not doc.get("ok"):
-        raise BenchError(f"HyperQueue reported failed tasks for {n} no-op jobs")
+        raise BenchError(f"HyperQueue reported failed tasks for {n} no-op jobs ({program[1:]})")
     b.discard(d)
     return secs, {k: round(v, 3) for k, v in doc.items() if k != "ok"}
 
 
 def xargs_argv(n: int, shell: str) -> list[str]:
     return ["sh", "-c", f"seq {n} | xargs -P2 -n1 {shell} -c true"]
+
+
+def xargs_script_argv(n: int, script: str) -> list[str]:
+    """`seq N | xargs -P2 -n1 ./NAME` in the script's directory: a bare script file's cost."""
+    d, name = os.path.split(script)
+    return ["sh", "-c", f"cd {shlex.quote(d)} && seq {n} | xargs -P2 -n1 ./{name}"]
 
 
 def _need_reference(b: Bench) -> Reference:
