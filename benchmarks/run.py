@@ -3,6 +3,7 @@
 
     python benchmarks/run.py --profile quick|full [--json OUT.json] [--only NAME]...
     python benchmarks/run.py --profile quick --with-reference [--reference-python PATH]
+    python benchmarks/run.py --profile quick --only e2e --only bash_api --profile-to DIR
 
 Benchmarks are functions registered by name (harness.BENCHMARKS); each returns rows
 {name, n, value, unit, baseline?, ratio?, ...}. Every workspace is built under one
@@ -15,6 +16,11 @@ HyperQueue into a virtual environment under the temporary directory and runs the
 comparisons (versus.py, vs_backlog.py) instead: each row puts httk_flow beside the
 reference (or a floor, or HyperQueue) on the same work, with the ratio and a growth check
 (cost at 10x N over cost at N). See docs/benchmarks.md.
+
+With --profile-to DIR the runner then profiles httk_flow's side of the selected benchmarks'
+e2e workloads (profiling.py): py-spy of the manager, strace -c of the manager alone and
+strace -f -c of everything, the manager's and the jobs' CPU from getrusage and wait4, and
+DIR/summary.md with the per-job figures. It does not need --with-reference.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import time
 import compare
 import dependencies  # noqa: F401
 import packing  # noqa: F401
+import profiling
 import reference
 import solo  # noqa: F401  (registers the benchmarks)
 import versus  # noqa: F401
@@ -61,6 +68,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument(
         "--cprofile", metavar="FILE", help="also run the e2e workload once under cProfile"
+    )
+    ap.add_argument(
+        "--profile-to",
+        metavar="DIR",
+        help="after the benchmarks, profile httk_flow's side of their e2e workloads into DIR:\n"
+        "py-spy of the manager (DIR/<workload>.pyspy.txt: top functions), strace -c of the\n"
+        "manager alone and strace -f -c of everything (.strace-manager.txt, .strace-all.txt),\n"
+        "and DIR/summary.md (manager and job-side CPU ms/job, syscalls/job, inodes/job).\n"
+        "Needs strace; py-spy from PATH, else installed from PyPI into a temporary venv.\n"
+        "Workloads: e2e-bash-api (bash_api, vs_e2e, vs_meta), e2e-true (e2e, vs_e2e),\n"
+        "e2e-two-step (vs_two_step), e2e-fanout (vs_fanout); those two single-step ones if\n"
+        "no selected benchmark has one",
+    )
+    ap.add_argument(
+        "--profile-jobs",
+        type=int,
+        metavar="N",
+        help="jobs per profiled workload (default: the profile's e2e size)",
     )
     ref = ap.add_argument_group("reference engine (httk-workflow 2.1.1) and HyperQueue")
     ref.add_argument(
@@ -112,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     vs_rows: list[Row] = []
     errors: dict[str, str] = {}
+    profiled = ""
     t0 = time.monotonic()
     try:
         bench.warm_up()
@@ -140,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
             except BenchError as e:
                 errors[name] = str(e)
                 bench.say(f"{name} FAILED: {e}")
+        if args.profile_to:
+            try:
+                profiled = profiling.profile(
+                    bench, names, os.path.abspath(args.profile_to), args.profile_jobs
+                )
+            except BenchError as e:
+                errors["profile-to"] = str(e)
+                bench.say(f"--profile-to FAILED: {e}")
     finally:
         if args.keep:
             bench.say(f"kept {root}")
@@ -162,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             f"reference {d['reference']} on Python {d['reference_python']}, "
             f"--poll-interval {d['reference_poll_interval']:g}; HyperQueue {d['hyperqueue']}"
         )
+    if profiled:
+        print(f"\nprofiles in {os.path.abspath(args.profile_to)}:\n\n{profiled}")
     for name, err in errors.items():
         print(f"FAILED {name}: {err}")
     if args.json:
