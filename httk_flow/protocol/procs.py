@@ -6,11 +6,17 @@ import os
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:
+    # os.open/os.read: three system calls, where a buffered open() makes six
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     # the command name may hold spaces and parentheses: split after the last ')'
     return data[data.rfind(b")") + 2 :].split()
 
