@@ -3,8 +3,8 @@
 #
 # Public functions are flow_*, helpers _flow_*. Every function returns (non-zero on
 # misuse, with a message on stderr) and never exits. Publishing an outcome, spawning and
-# reading a parameter run no other interpreter: the only external commands are mkdir and
-# mv per outcome (plus sync in a durable workspace). See docs/bash-api.md.
+# reading a parameter run no other interpreter: an outcome is written in place by the shell
+# itself; only a wait, or a durable workspace, runs mkdir, mv (and sync). See docs/bash-api.md.
 
 if [[ -n ${_FLOW_API_LOADED-} ]]; then
     return 0
@@ -107,37 +107,73 @@ _flow_prefix() {
 }
 
 _flow_has_outcome() {
-    [[ $_flow_published == 1 || (-n ${FLOW_CONTROL_DIR-} && -e $FLOW_CONTROL_DIR/outcome.ready) ]]
+    [[ $_flow_published == 1 || (-n ${FLOW_CONTROL_DIR-} && (-e $FLOW_CONTROL_DIR/outcome.line || -e $FLOW_CONTROL_DIR/outcome.ready)) ]]
+}
+
+# _flow_again ACTION: say that a second outcome (ACTION) was published beside the first
+# (the manager fails the job with a protocol error when it finds the note).
+_flow_again() {
+    if [[ -d $FLOW_CONTROL_DIR/outcome.ready ]]; then
+        printf '%s\n' "$1" >>"$FLOW_CONTROL_DIR/outcome.ready/duplicate"
+    else
+        printf '%s\n' "$1" >>"$FLOW_CONTROL_DIR/outcome.duplicate"
+    fi
 }
 
 # _flow_write ACTION MESSAGE EXTRA: publish one outcome (EXTRA: more ,"key":value fields).
 _flow_write() {
-    local _flow_ctl=${FLOW_CONTROL_DIR-} _flow_msg _flow_tmp _flow_files _flow_json _flow_noclobber=""
+    local _flow_ctl=${FLOW_CONTROL_DIR-} _flow_msg _flow_tmp _flow_files _flow_json _flow_noclobber="" _flow_fd
     if [[ -z $_flow_ctl || ! -d $_flow_ctl ]]; then
         _flow_say 'flow: FLOW_CONTROL_DIR %s is not an attempt directory; run this program through flow (flow submit, then flow run)\n' "${_flow_ctl:-(unset)}"
         return 2
     fi
     _flow_json_quote _flow_msg "$2"
     printf -v _flow_json '{"action":"%s","message":%s%s}' "$1" "$_flow_msg" "$3"
-    # the manager makes an empty outcome.tmp.flow/ per attempt, which saves starting a
-    # mkdir process; it is ours if we create its outcome.json first (noclobber: O_EXCL)
-    _flow_tmp=$_flow_ctl/outcome.tmp.flow
-    [[ $- == *C* ]] || _flow_noclobber=1
-    set -C
-    if ! { printf '%s\n' "$_flow_json" >"$_flow_tmp/outcome.json"; } 2>/dev/null; then
-        _flow_tmp=""
+    if [[ $1 != wait && ${FLOW_DURABLE-0} != 1 ]]; then
+        # written in place, no process started (protocol.md §10): one line in a file
+        # created exclusively (noclobber opens with O_EXCL: one publication owns it); the
+        # manager takes it only when whole, that is ending in its newline
+        if [[ -e $_flow_ctl/outcome.line || -e $_flow_ctl/outcome.ready ]]; then
+            _flow_published=1
+            _flow_again "$1"
+            _flow_say 'flow: an outcome was already published (by a subshell?); this second one (%s) makes the job fail with a protocol error\n' "$1"
+            return 1
+        fi
+        [[ $- == *C* ]] || _flow_noclobber=1
+        set -C
+        if ! { exec {_flow_fd}>"$_flow_ctl/outcome.line"; } 2>/dev/null; then
+            [[ -z $_flow_noclobber ]] || set +C
+            if [[ -e $_flow_ctl/outcome.line ]]; then
+                _flow_published=1
+                _flow_again "$1"
+                _flow_say 'flow: an outcome was published at the same moment (by a subshell?); this second one (%s) makes the job fail with a protocol error\n' "$1"
+            else
+                _flow_say 'flow: cannot create %s/outcome.line; no outcome was published\n' "$_flow_ctl"
+            fi
+            return 1
+        fi
+        [[ -z $_flow_noclobber ]] || set +C
+        if ! printf '%s\n' "$_flow_json" >&"$_flow_fd"; then
+            exec {_flow_fd}>&-
+            # ours, cut short (a full disk): gone, so that no part of it is read
+            command rm -f -- "$_flow_ctl/outcome.line"
+            _flow_say 'flow: cannot write %s/outcome.line; no outcome was published\n' "$_flow_ctl"
+            return 1
+        fi
+        exec {_flow_fd}>&-
+        _flow_published=1
+        return 0
     fi
-    [[ -z $_flow_noclobber ]] || set +C
-    if [[ -z $_flow_tmp ]]; then
-        _flow_tmp=$_flow_ctl/outcome.tmp.$BASHPID.$RANDOM$RANDOM
-        if ! command mkdir -- "$_flow_tmp"; then
-            _flow_say 'flow: cannot create %s; no outcome was published\n' "$_flow_tmp"
-            return 1
-        fi
-        if ! printf '%s\n' "$_flow_json" >"$_flow_tmp/outcome.json"; then
-            _flow_say 'flow: cannot write %s/outcome.json; no outcome was published\n' "$_flow_tmp"
-            return 1
-        fi
+    # a wait (two files) or a durable workspace: built in a directory of its own, synced
+    # when durable, and renamed into place as outcome.ready/
+    _flow_tmp=$_flow_ctl/outcome.tmp.$BASHPID.$RANDOM$RANDOM
+    if ! command mkdir -- "$_flow_tmp"; then
+        _flow_say 'flow: cannot create %s; no outcome was published\n' "$_flow_tmp"
+        return 1
+    fi
+    if ! printf '%s\n' "$_flow_json" >"$_flow_tmp/outcome.json"; then
+        _flow_say 'flow: cannot write %s/outcome.json; no outcome was published\n' "$_flow_tmp"
+        return 1
     fi
     _flow_files=("$_flow_tmp/outcome.json")
     if [[ $1 == wait ]]; then
@@ -173,8 +209,8 @@ _flow_write() {
 _flow_outcome() {
     local _flow_p
     if _flow_has_outcome; then
-        if [[ -d ${FLOW_CONTROL_DIR-}/outcome.ready ]]; then
-            printf '%s\n' "$2" >>"$FLOW_CONTROL_DIR/outcome.ready/duplicate"
+        if [[ -n ${FLOW_CONTROL_DIR-} ]]; then
+            _flow_again "$2"
         fi
         _flow_say '%s: this attempt already published an outcome; a second one (%s) makes the job fail with a protocol error\n' "$1" "$2"
         return 1

@@ -13,10 +13,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 import pytest
 
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
+from httk_flow.protocol.layout import (
+    OUTCOME_AGAIN,
+    OUTCOME_DIR,
+    OUTCOME_FILE,
+    OUTCOME_LINE,
+    duplicate_file,
+)
 from httk_flow.protocol.names import Marker, RecordRef, new_id
 from httk_flow.protocol.outcome import Action, JoinMode, Outcome, read_outcome
 from httk_flow.protocol.procs import _stat_fields
@@ -108,6 +116,33 @@ def waiting_outcome(attempt: Path, step: str, join: JoinMode, on_impossible: str
         on_impossible,
     )
     return out
+
+
+def published_outcome(attempt: str | os.PathLike[str]) -> dict[str, object]:
+    """The JSON object an attempt published, in whichever form it took: outcome.line
+    (written in place: it must be whole, one line ending in its newline) or
+    outcome.ready/outcome.json (renamed into place). Exactly one form must be there."""
+    line, ready = Path(attempt) / OUTCOME_LINE, Path(attempt) / OUTCOME_DIR
+    forms = [p.name for p in (line, ready) if os.path.lexists(p)]
+    assert len(forms) == 1, f"{attempt}: expected one published outcome, found {forms}"
+    if forms == [OUTCOME_LINE]:
+        raw = line.read_bytes()
+        assert raw.endswith(b"\n") and raw.count(b"\n") == 1, f"{line} is not one line: {raw!r}"
+    else:
+        raw = (ready / OUTCOME_FILE).read_bytes()
+    data = orjson.loads(raw)
+    assert isinstance(data, dict), raw
+    return data
+
+
+def duplicate_note(attempt: str | os.PathLike[str]) -> str | None:
+    """What a second publication said beside the first (outcome.duplicate beside
+    outcome.line, or outcome.ready/duplicate), or None when there was none."""
+    notes = (OUTCOME_AGAIN, duplicate_file(OUTCOME_DIR))
+    for p in (Path(attempt) / n for n in notes):
+        if p.exists():
+            return p.read_text()
+    return None
 
 
 def markers_in(ws: Workspace, state: State) -> list[str]:

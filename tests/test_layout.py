@@ -59,6 +59,8 @@ DOCUMENTED = {
     layout.exec_failed_file(ATTEMPT),
     layout.work_dir(ATTEMPT) + "/",
     layout.children_list(ATTEMPT),
+    layout.outcome_line(ATTEMPT),
+    layout.outcome_again(ATTEMPT),
     layout.outcome_file(layout.outcome_ready(ATTEMPT)),
     layout.children_file(layout.outcome_ready(ATTEMPT)),
 }
@@ -83,6 +85,8 @@ def test_the_paths_are_the_ones_on_disk() -> None:
     assert layout.attempt_dir("/w/jobs/ab/k", 12) == "/w/jobs/ab/k/attempts/a0012"
     assert layout.attempts_dir("/w/jobs/ab/k") == "/w/jobs/ab/k/attempts"
     assert layout.outcome_staging("/a") == "/a/outcome.tmp.flow"
+    assert layout.outcome_line("/a") == "/a/outcome.line"
+    assert layout.outcome_again("/a") == "/a/outcome.duplicate"
     assert layout.outcome_tmp("/a", "1.ff") == "/a/outcome.tmp.1.ff"
     assert layout.duplicate_file(layout.outcome_ready("/a")) == "/a/outcome.ready/duplicate"
     assert layout.requests_claimed("/w") == "/w/.flow/requests/claimed"

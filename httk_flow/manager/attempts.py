@@ -1,4 +1,4 @@
-"""An attempt's directory, context.json and environment, prepared before launch."""
+"""An attempt's directory, environment (and context.json after a join), prepared before launch."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from httk_flow.manager.interp import bash_for
 from httk_flow.protocol import layout, programs
 from httk_flow.protocol.frames import Snapshot
 from httk_flow.protocol.fsio import write_file
@@ -24,9 +25,6 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: in one environment string (the kernel caps each at 128 KiB); durable mode writes here
 #: too, to fsync it
 MAX_LAUNCHER_CONTEXT = 32 * 1024
-#: an empty outcome.tmp.<nonce>/ made for the runner: the bash API fills and renames it
-#: instead of starting a mkdir process (a second publisher makes its own)
-OUTCOME_STAGING = layout.OUTCOME_STAGING
 
 
 def bash_api_path() -> str:
@@ -91,7 +89,8 @@ class AttemptPlan:
     exec_failure: str
     #: (path, text) of context.json for the launcher to write; None once it is written
     context: tuple[str, str] | None = None
-    staging: bool = False  # an empty OUTCOME_STAGING was made for the runner
+    #: the bash that the program's #! line names: started on it directly (interp.py)
+    bash: str | None = None
 
 
 def prepare(
@@ -101,7 +100,6 @@ def prepare(
     *,
     number: int,
     extra_context: dict[str, Any] | None = None,
-    staging: bool = True,
 ) -> AttemptPlan:
     """Make the attempt directory (context.json, or leave it to the launcher); the plan."""
     job_dir = ws.job_dir(spec.placement, spec.key)
@@ -111,8 +109,6 @@ def prepare(
     if not _check_inside(ws, job_dir, attempts):
         os.mkdir(attempts)  # the job's first attempt
     os.mkdir(adir)
-    if staging:
-        os.mkdir(layout.outcome_staging(adir))
     if spec.workdir == "persistent":
         workdir = layout.run_dir(job_dir)
         try:
@@ -156,14 +152,17 @@ def prepare(
         # flow_children reads this plain file: bash needs no JSON parser
         lines = "".join(f"{c['label']} {c['id']} {c['state']} {c['path']}\n" for c in kids)
         write_file(layout.children_list(adir), lines.encode(), durable=False)
-    ctx_path = layout.context_file(adir)
-    ctx_data = orjson.dumps(context)
+    # context.json only where it says more than the environment does: after a join (its
+    # children); everything else an attempt is told is in its environment (protocol 2)
+    ctx_path = layout.context_file(adir) if extra_context else None
     launcher_writes = None
-    if ws.policy.durable or len(ctx_data) > MAX_LAUNCHER_CONTEXT:
-        write_file(ctx_path, ctx_data, durable=ws.policy.durable)
-    else:
-        # the launcher creates it beside the manager; the program starts only after that
-        launcher_writes = (ctx_path, ctx_data.decode())
+    if ctx_path is not None:
+        ctx_data = orjson.dumps(context)
+        if ws.policy.durable or len(ctx_data) > MAX_LAUNCHER_CONTEXT:
+            write_file(ctx_path, ctx_data, durable=ws.policy.durable)
+        else:
+            # the launcher creates it beside the manager; the program starts only after
+            launcher_writes = (ctx_path, ctx_data.decode())
     argv = [programs.executable(ws, spec.program), *spec.args]
     env = dict(_base_env())
     env.update(where)
@@ -178,7 +177,6 @@ def prepare(
             layout.ENV_ATTEMPT: str(tried),
             layout.ENV_CONTROL_DIR: adir,
             layout.ENV_WORKDIR: workdir,
-            layout.ENV_CONTEXT: ctx_path,
             layout.ENV_IS_RESTART: "1" if restart else "0",
             layout.ENV_UNCLEAN_RESTART: "1" if unclean else "0",
             layout.ENV_DURABLE: "1" if ws.policy.durable else "0",
@@ -186,6 +184,11 @@ def prepare(
             layout.ENV_PYTHON: sys.executable,
         }
     )
+    if ctx_path is not None:
+        env[layout.ENV_CONTEXT] = ctx_path
+    previous = context["previous_end"]
+    if previous:
+        env[layout.ENV_PREVIOUS_END] = previous
     if spec.array_index is not None:
         env[layout.ENV_ARRAY_INDEX] = str(spec.array_index)
     for k, v in spec.params.items():
@@ -200,5 +203,5 @@ def prepare(
         layout.stderr_file(adir),
         layout.exec_failed_file(adir),
         launcher_writes,
-        staging,
+        bash_for(argv[0], env.get("PATH", os.defpath)),
     )

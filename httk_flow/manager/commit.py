@@ -23,7 +23,7 @@ from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Snap
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.jobspec import JobSpec, ParentRef
 from httk_flow.protocol.names import MAX_PRIORITY
-from httk_flow.protocol.outcome import ChildDef, read_outcome
+from httk_flow.protocol.outcome import ChildDef, TornOutcome, read_outcome
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 from httk_flow.protocol.transition import JobHandle, transition
@@ -65,6 +65,14 @@ class Committer:
             return Ending(exit_code, sig, None, gone)
         try:
             out = read_outcome(attempt_dir)
+        except TornOutcome as e:
+            if sig is not None or exit_code is None:
+                # killed, or taken over (its writer may be cut short or still writing):
+                # the part written is no outcome; the ending is what it would be without
+                self.log.info(f"{attempt_dir}: {e.render()}; taken as no outcome")
+                out = None
+            else:
+                return Ending(exit_code, sig, None, e.render())
         except InvalidOutcome as e:
             return Ending(exit_code, sig, None, e.render())
         self.heartbeat()  # a fan-out's children file can take a while to parse

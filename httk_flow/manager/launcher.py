@@ -2,7 +2,9 @@
 
 The child is /bin/sh blocked reading the gate (its stdin), in its own process group. If
 the manager dies before opening the gate, the pipe's write end closes, the read fails
-and the program never runs. No Python interpreter starts on this path.
+and the program never runs. No Python interpreter starts on this path. A program whose
+#! line names bash is started as `bash PROGRAM` instead, bash sourcing the same gate
+(shell/flow-gate.sh) before the program's first line: one exec instead of three.
 
 The launcher, not posix_spawn, creates the output files (and context.json when asked):
 the manager waits inside posix_spawn until the child execs, and creating inodes is the
@@ -31,6 +33,10 @@ __all__ = [
     "signal_group",
 ]
 
+#: the gate of a bash program, which bash sources (as BASH_ENV) before the program
+GATE_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shell", "flow-gate.sh"
+)
 #: exit status of a launcher whose gate closed without being opened
 GATE_CLOSED = 125
 #: the text of the file the launcher writes: in the environment, which only the job's
@@ -129,21 +135,39 @@ def launch(
     stderr: str,
     exec_failure: str,
     context: tuple[str, str] | None = None,
+    bash: str | None = None,
 ) -> LaunchedProcess:
     """Start argv behind a closed gate, in a new process group, output to the given files.
 
     `context` (path, text) is a file the launcher writes before it waits on the gate;
     `exec_failure` the file it writes when it cannot execute argv[0] (read_exec_failure).
+    `bash`: the bash that argv[0]'s #! line names (interp.bash_for): it is started on
+    argv[0] directly, with shell/flow-gate.sh as its BASH_ENV for the gate.
     posix_spawn (vfork underneath) costs a fraction of forking the manager's address space.
     """
     ctx_path = ""
     if context is not None:
         ctx_path, env = context[0], {**env, _CONTEXT_VAR: context[1]}
-    args = ["/bin/sh", "-c", _SCRIPT, "flow-attempt", stdout, stderr, ctx_path, cwd, exec_failure]
+    if bash:
+        # bash sources the gate before the program's first line: one exec, not three
+        exe, args = bash, [bash]
+        env = {
+            **env,
+            "BASH_ENV": GATE_SCRIPT,
+            layout.GATE_OUT: stdout,
+            layout.GATE_ERR: stderr,
+            layout.GATE_CTX: ctx_path,
+            layout.GATE_CWD: cwd,
+            layout.GATE_FAIL: exec_failure,
+        }
+    else:
+        exe = "/bin/sh"
+        args = ["/bin/sh", "-c", _SCRIPT, "flow-attempt", stdout, stderr, ctx_path, cwd]
+        args.append(exec_failure)
     r, w = os.pipe()  # both ends close-on-exec; the read end is dup'ed to the gate's stdin
     try:
         pid = os.posix_spawn(
-            "/bin/sh",
+            exe,
             [*args, *argv],
             env,
             file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)],

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
-from httk_flow.manager.attempts import OUTCOME_STAGING, prepare
+from httk_flow.manager.attempts import prepare
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.exec_failure import exec_failure
 from httk_flow.manager.launcher import (
@@ -39,9 +39,6 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
-#: attempts of a program that did not use its staging directory between two that try again
-STAGING_RETRY = 32
-
 
 class LocalAttempts:
     def __init__(
@@ -66,9 +63,6 @@ class LocalAttempts:
         #: the inventory attempts' bindings come from and go back to
         self.slots = slots
         self.by_key: dict[str, LocalAttempt] = {}
-        #: programs whose last attempt left its staging directory unused (no bash API
-        #: outcome): their attempts skip making one, but for a fresh try now and then
-        self._unstaged: dict[str, int] = {}
         #: process groups of ended attempts that still had members: pgid -> KILL time
         self.leftovers: dict[int, float] = {}
         #: commits and releases waiting out a transient error, by job key
@@ -112,11 +106,6 @@ class LocalAttempts:
                 self._refuse(claimed, spec, claim_body, "program_changed", changed)
                 return None
         number = claim_body.snap.tries
-        program = spec.program.ident
-        skipped = self._unstaged.get(program, -1)
-        staging = skipped < 0 or skipped >= STAGING_RETRY
-        if not staging:
-            self._unstaged[program] = skipped + 1
         try:
             plan = prepare(
                 self.ws,
@@ -124,7 +113,6 @@ class LocalAttempts:
                 claim_body.snap,
                 number=number,
                 extra_context=extra_context,
-                staging=staging,
             )
             if binding is not None and self.slots is not None:
                 plan.env.update(binding.env(bool(self.slots.inventory.gpus), plan.env))
@@ -136,6 +124,7 @@ class LocalAttempts:
                 stderr=plan.stderr,
                 exec_failure=plan.exec_failure,
                 context=plan.context,
+                bash=plan.bash,
             )
         except OSError as e:
             msg = f"cannot start the attempt ({e.strerror}: {e.filename or ''})"
@@ -288,8 +277,6 @@ class LocalAttempts:
             time_limit=la.limit if la.timed_out else None,
             exec_failure=self._exec_failure(la, rc) if la.term_at is None else None,
         )
-        if la.plan.staging:
-            self._staging_used(la)
         try:
             return self.committer.commit(la.job, la.spec, la.body, ending)
         except TransitionConflict:
@@ -377,20 +364,6 @@ class LocalAttempts:
                 # our own commit got as far as committing: finish what its frame records
                 return self.committer.finish_recorded(now, frame.body)
         raise TransitionConflict("the job moved on while its commit waited", obj=p.claimed.key)
-
-    def _staging_used(self, la: LocalAttempt) -> None:
-        """Remove an unused staging directory, and remember whether the program used it."""
-        program = la.spec.program.ident
-        try:
-            os.rmdir(os.path.join(la.plan.dir, OUTCOME_STAGING))
-        except FileNotFoundError:
-            self._unstaged.pop(program, None)  # renamed to outcome.ready: the API used it
-            return
-        except OSError:
-            return  # not empty: a publication was cut short; leave it as evidence
-        if len(self._unstaged) >= 4096:
-            self._unstaged.clear()
-        self._unstaged[program] = 0
 
     def _fenced(
         self, la: LocalAttempt, code: int | None, sig: int | None, *, reaped: bool = False

@@ -25,6 +25,13 @@ ENV_ALLOCATION_END = "FLOW_ALLOCATION_END"
 ENV_ALLOCATION_ID = "FLOW_ALLOCATION_ID"
 #: the text of context.json, handed to the launcher to write (unset before the exec)
 ENV_LAUNCH_CONTEXT = "FLOW_LAUNCH_CONTEXT"
+#: the arguments of shell/flow-gate.sh (bash sources it as BASH_ENV), unset before the
+#: program's first line: output files, context.json, workdir, where it says it cannot run
+GATE_OUT = "_FLOW_GATE_OUT"
+GATE_ERR = "_FLOW_GATE_ERR"
+GATE_CTX = "_FLOW_GATE_CTX"
+GATE_CWD = "_FLOW_GATE_CWD"
+GATE_FAIL = "_FLOW_GATE_FAIL"
 #: what an attempt's program is told: the workspace root
 ENV_WORKSPACE_DIR = "FLOW_WORKSPACE_DIR"
 #: the job directory
@@ -43,8 +50,10 @@ ENV_ATTEMPT = "FLOW_ATTEMPT"
 ENV_CONTROL_DIR = "FLOW_CONTROL_DIR"
 #: the directory the program starts in
 ENV_WORKDIR = "FLOW_WORKDIR"
-#: the path of the attempt's context.json
+#: the path of the attempt's context.json: set only when one is written (after a join)
 ENV_CONTEXT = "FLOW_CONTEXT"
+#: how the previous try of this activation ended, on a restart
+ENV_PREVIOUS_END = "FLOW_PREVIOUS_END"
 #: "1" when this attempt restarts an earlier one
 ENV_IS_RESTART = "FLOW_IS_RESTART"
 #: "1" when the earlier attempt was interrupted rather than ended
@@ -383,8 +392,14 @@ def attempt_dir(job_dir: str, n: int) -> str:
 
 #: the published outcome: a directory renamed into place once
 OUTCOME_DIR = "outcome.ready"
-#: an empty outcome.tmp.<nonce>/ the manager makes for the runner to fill and rename
+#: an empty outcome.tmp.<nonce>/ the manager made for the runner before protocol 2 (an
+#: older bash API may still publish from one it makes itself)
 OUTCOME_STAGING = "outcome.tmp.flow"
+#: the outcome written in place by the runner itself (protocol 2, §10): one JSON object
+#: on one line, created exclusively; whole only when it ends in a newline
+OUTCOME_LINE = "outcome.line"
+#: a second publication beside outcome.line is said here: the job fails
+OUTCOME_AGAIN = "outcome.duplicate"
 #: in an outcome directory: the outcome, and a wait's children
 OUTCOME_FILE = "outcome.json"
 CHILDREN_FILE = "children.jsonl"
@@ -423,6 +438,16 @@ def exec_failed_file(attempt_dir: str) -> str:
 def outcome_ready(attempt_dir: str) -> str:
     """The published outcome directory."""
     return os.path.join(attempt_dir, OUTCOME_DIR)
+
+
+def outcome_line(attempt_dir: str) -> str:
+    """The outcome written in place (one line, created exclusively)."""
+    return os.path.join(attempt_dir, OUTCOME_LINE)
+
+
+def outcome_again(attempt_dir: str) -> str:
+    """Beside outcome.line: what a second publication was (the job fails)."""
+    return os.path.join(attempt_dir, OUTCOME_AGAIN)
 
 
 def outcome_staging(attempt_dir: str) -> str:

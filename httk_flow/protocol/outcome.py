@@ -1,4 +1,4 @@
-"""outcome.json: what an attempt reports, published by renaming outcome.tmp.* to outcome.ready/.
+"""What an attempt reports: outcome.line written in place, or outcome.ready/ renamed into place.
 
 An outcome always wins over the exit status. It is parsed at the boundary into a frozen
 Outcome; anything malformed becomes a protocol error of that job alone.
@@ -91,8 +91,40 @@ class Outcome:
         return d
 
 
+class TornOutcome(InvalidOutcome):
+    """outcome.line exists but is not whole (no final newline): its writer was cut short,
+    or is still writing. The caller decides: a killed attempt's is no outcome at all."""
+
+
 def read_outcome(attempt_dir: str) -> Outcome | None:
-    """The published outcome of an attempt, None if there is none; InvalidOutcome if bad."""
+    """The published outcome of an attempt, None if there is none; InvalidOutcome if bad.
+
+    Two forms (§10): outcome.line, written in place by the runner, and the outcome.ready/
+    directory renamed into place. Both, or a second publication, fail the job."""
+    line = layout.outcome_line(attempt_dir)
+    try:
+        raw = fs.read_bytes(line, MAX_OUTCOME)
+    except FileNotFoundError:
+        return _read_ready(attempt_dir)
+    except (OSError, UnsafePath) as e:
+        raise InvalidOutcome(f"cannot read it ({e})", obj=line) from None
+    if os.path.lexists(layout.outcome_again(attempt_dir)) or os.path.lexists(
+        layout.outcome_ready(attempt_dir)
+    ):
+        raise InvalidOutcome("the attempt published more than one outcome", obj=attempt_dir)
+    if not raw.endswith(b"\n"):
+        raise TornOutcome("is not whole (it does not end in a newline)", obj=line)
+    if raw.count(b"\n") != 1:
+        raise InvalidOutcome("must be one JSON object on one line", obj=line)
+    out = parse_outcome(raw, line)
+    if out.action is Action.WAIT:
+        raise InvalidOutcome(
+            "a wait outcome carries its children: publish it as outcome.ready/", obj=line
+        )
+    return out
+
+
+def _read_ready(attempt_dir: str) -> Outcome | None:
     d = layout.outcome_ready(attempt_dir)
     try:
         st = os.lstat(d)

@@ -197,7 +197,8 @@ def test_a_stored_program_is_told_where_it_was_submitted_from(
     src = tmp_path / "tool"
     write(
         src / "run.sh",
-        '#!/bin/bash\necho "$0"\nsource "$(dirname "$FLOW_PROGRAM_SOURCE")/lib.sh"\n',
+        '#!/bin/bash\necho "$0"\nsource "$(dirname "$FLOW_PROGRAM_SOURCE")/lib.sh"\n'
+        'echo "bundle: ${FLOW_BUNDLE_DIR-none}"\n',
         0o755,
     )
     write(src / "lib.sh", "echo sourced from the original directory\n")
@@ -205,15 +206,12 @@ def test_a_stored_program_is_told_where_it_was_submitted_from(
     assert managers.run(root) == 0, dump(root)
     digest = hashlib.sha256((src / "run.sh").read_bytes()).hexdigest()
     assert output(root, jid) == (
-        f"{layout.program_path(root, digest)}\nsourced from the original directory\n"
+        f"{layout.program_path(root, digest)}\nsourced from the original directory\nbundle: none\n"
     )
     definition = orjson.loads((job(root, jid).job_dir(root) / "job.json").read_bytes())
     assert definition["program"] == {"digest": digest, "name": "run.sh", "source": f"{src}/run.sh"}
-    context = orjson.loads(
-        (job(root, jid).job_dir(root) / "attempts" / "a0001" / "context.json").read_bytes()
-    )
-    assert context["program_source"] == f"{src}/run.sh"
-    assert context["bundle_dir"] is None
+    # told in its environment alone (protocol 2: context.json only after a join)
+    assert not (job(root, jid).job_dir(root) / "attempts" / "a0001" / "context.json").exists()
 
 
 # -- in place ----------------------------------------------------------------------------------

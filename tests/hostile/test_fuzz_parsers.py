@@ -4,6 +4,7 @@ number of examples; conftest.py prints how many inputs each parser was handed.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -34,7 +35,13 @@ from httk_flow.protocol.jobspec import JobSpec, Program
 from httk_flow.protocol.journal import JournalReader, check_frame, iter_segment
 from httk_flow.protocol.leases import ManagerInfo
 from httk_flow.protocol.names import Marker, RecordRef
-from httk_flow.protocol.outcome import Outcome, parse_outcome, read_outcome
+from httk_flow.protocol.outcome import (
+    Action,
+    Outcome,
+    TornOutcome,
+    parse_outcome,
+    read_outcome,
+)
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 from httk_flow.protocol.workspace import Policy, Workspace, WorkspaceFormat
 
@@ -154,6 +161,58 @@ def test_outcome_json(raw: bytes) -> None:
     except InvalidOutcome:
         return
     assert isinstance(out, Outcome)
+
+
+#: outcome.line as a runner may leave it: a document with its newline, without one (cut
+#: short), with more than one line, or any bytes at all
+line_docs = st.one_of(
+    outcome_docs.map(lambda raw: raw + b"\n"),
+    outcome_docs,
+    st.tuples(outcome_docs, outcome_docs).map(lambda two: two[0] + b"\n" + two[1] + b"\n"),
+    st.binary(max_size=200),
+)
+
+
+@fuzz(300)
+@example(b'{"action":"succeed"}\n', "none")
+@example(b'{"action":"succeed"}', "none")
+@example(b'{"action":"wait","step":"two"}\n', "none")
+@example(b'{"action":"succeed"}\n', "ready")
+@example(b'{"action":"succeed"}\n', "duplicate")
+@given(line_docs, st.sampled_from(["none", "ready", "duplicate"]))
+def test_outcome_line(scratch: str, raw: bytes, beside: str) -> None:
+    """Any bytes in outcome.line, alone or beside a second publication: read_outcome
+    returns an outcome or raises InvalidOutcome, and accepts only one whole line that is
+    not a wait, read as parse_outcome reads it."""
+    tried("read_outcome + outcome.line")
+    scratch = os.path.join(scratch, "line")  # not the attempt of the children.jsonl tests
+    os.makedirs(scratch, exist_ok=True)
+    for name in ("outcome.line", "outcome.duplicate"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(scratch, name))
+    shutil.rmtree(os.path.join(scratch, "outcome.ready"), ignore_errors=True)
+    with open(os.path.join(scratch, "outcome.line"), "wb") as fh:
+        fh.write(raw)
+    if beside == "ready":
+        os.mkdir(os.path.join(scratch, "outcome.ready"))
+        with open(os.path.join(scratch, "outcome.ready", "outcome.json"), "wb") as fh:
+            fh.write(b'{"action":"succeed"}\n')
+    elif beside == "duplicate":
+        with open(os.path.join(scratch, "outcome.duplicate"), "wb") as fh:
+            fh.write(b"succeed\n")
+    try:
+        out = read_outcome(scratch)
+    except TornOutcome as e:
+        assert beside == "none" and not raw.endswith(b"\n"), e.render()
+        return
+    except InvalidOutcome as e:
+        if beside != "none":
+            assert "more than one outcome" in e.render()
+        return
+    assert beside == "none"
+    assert out is not None and out.action is not Action.WAIT
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1
+    assert out == parse_outcome(raw, "outcome.line")
 
 
 CHILD_KEYS = ["label", "tag", "step", "params", "priority", "program"]

@@ -12,9 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import orjson
 import pytest
-from helpers import waiting_outcome
+from helpers import duplicate_note, published_outcome, waiting_outcome
 
 from httk_flow.errors import InvalidOutcome
 from httk_flow.protocol.outcome import Action, JoinMode, read_outcome
@@ -52,9 +51,7 @@ def env_of(attempt: Path, **extra: str) -> dict[str, str]:
 
 
 def outcome_json(attempt: Path) -> dict[str, object]:
-    data = orjson.loads((attempt / "outcome.ready" / "outcome.json").read_bytes())
-    assert isinstance(data, dict)
-    return data
+    return published_outcome(attempt)
 
 
 def run(attempt: Path, script: str, **env: str) -> subprocess.CompletedProcess[bytes]:
@@ -133,7 +130,8 @@ def test_flow_succeed_takes_a_few_milliseconds(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     per_call_us = int(done.stdout)
     print(f"flow_succeed: {per_call_us} us per call")
-    # two fork+execs (mkdir, mv); generous bound so a loaded CI machine does not flake
+    # no fork at all (outcome.line is written by bash itself); a generous bound so that a
+    # loaded CI machine does not flake
     assert per_call_us < 50_000
     assert outcome_json(tmp_path / "a7") == {"action": "succeed", "message": "call 7"}
 
@@ -163,7 +161,8 @@ def test_each_outcome_function_publishes_its_outcome(
     done = run(attempt, call)
     assert done.returncode == 0, done.stderr
     assert outcome_json(attempt) == expected
-    assert sorted(p.name for p in attempt.iterdir()) == ["outcome.ready"]
+    # written in place (protocol 2): one file, and nothing else in the attempt directory
+    assert sorted(p.name for p in attempt.iterdir()) == ["outcome.line"]
     assert read_outcome(str(attempt)) is not None
 
 
@@ -171,7 +170,7 @@ def test_a_second_outcome_is_flagged_as_a_duplicate_and_returns_non_zero(attempt
     done = run(attempt, 'flow_succeed one; echo "rc=$?"; flow_fail two; echo "rc=$?"')
     assert done.stdout.decode().split() == ["rc=0", "rc=1"]
     assert b"already published an outcome" in done.stderr
-    assert (attempt / "outcome.ready" / "duplicate").exists()
+    assert duplicate_note(attempt) == "fail\n"
     with pytest.raises(InvalidOutcome, match="more than one outcome"):
         read_outcome(str(attempt))
 
@@ -179,7 +178,7 @@ def test_a_second_outcome_is_flagged_as_a_duplicate_and_returns_non_zero(attempt
 def test_an_outcome_published_by_a_subshell_counts_as_the_first(attempt: Path) -> None:
     done = run(attempt, "( flow_succeed from a subshell ); flow_advance two; echo rc=$?")
     assert done.stdout.decode().split() == ["rc=1"]
-    assert (attempt / "outcome.ready" / "duplicate").read_text() == "advance\n"
+    assert duplicate_note(attempt) == "advance\n"
 
 
 def test_functions_return_instead_of_exiting(attempt: Path) -> None:
@@ -256,7 +255,8 @@ def test_after_a_failed_spawn_the_next_outcome_becomes_a_fail_naming_it(attempt:
         "step main: flow_spawn: tag 'a b' is not valid (1-64 letters, digits, '_', '+' and "
         "'-', starting with a letter or digit)"
     )
-    assert not (attempt / "outcome.ready" / "children.jsonl").exists()
+    # a fail, published in place: no outcome.ready/, so no children.jsonl either
+    assert sorted(p.name for p in attempt.iterdir()) == ["outcome.line"]
 
 
 # -- children -------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def test_spawn_refuses_bad_arguments_with_a_message(attempt: Path, args: str, pr
     done = run(attempt, f'flow_spawn {args}; echo "rc=$?"')
     assert done.stdout.decode().strip() == "rc=2"
     assert problem in done.stderr.decode()
-    assert not (attempt / "outcome.ready").exists()
+    assert not (attempt / "outcome.ready").exists() and not (attempt / "outcome.line").exists()
 
 
 def test_spawn_refuses_a_label_used_twice(attempt: Path) -> None:
@@ -436,7 +436,7 @@ def test_under_set_e_a_failing_subshell_fails_the_step_once(attempt: Path) -> No
     assert out["message"] == (
         "step main: command `( cd /nonexistent-dir )` failed with status 1 at line 5"
     )
-    assert not (attempt / "outcome.ready" / "duplicate").exists()
+    assert duplicate_note(attempt) is None
 
 
 def test_under_set_e_a_failing_pipeline_names_its_statuses(attempt: Path) -> None:
@@ -468,7 +468,7 @@ def test_under_set_e_failures_that_bash_ignores_do_not_end_the_step(
     done = run(attempt, script)
     assert done.returncode == 0, done.stderr
     assert outcome_json(attempt) == {"action": "succeed", "message": ""}
-    assert not (attempt / "outcome.ready" / "duplicate").exists()
+    assert duplicate_note(attempt) is None
 
 
 def test_under_set_e_a_step_returning_non_zero_fails_naming_the_step(attempt: Path) -> None:

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import orjson
 import pytest
+from helpers import published_outcome
 
 import httk_flow
 from httk_flow.protocol.states import State
@@ -210,7 +210,7 @@ def test_a_children_file_of_another_version_is_refused(tmp_path: Path) -> None:
     assert (attempt / "wait_status").read_text() == "2\n"
     assert not (attempt / "defined").exists(), "a refused file defines nothing"
     # flow_wait still ends the attempt: a fail naming the first misuse
-    out = orjson.loads((attempt / "outcome.ready" / "outcome.json").read_bytes())
+    out = published_outcome(attempt)
     assert out["action"] == "fail" and out["code"] == "protocol_error"
     assert out["message"].startswith("step main: flow_spawn: cannot load ")
     assert "(version 9.9.9)" in out["message"]
@@ -232,7 +232,7 @@ def test_a_spawning_step_without_the_children_file_ends_as_a_protocol_error(
     attempt = fake_attempt(tmp_path)
     script = "set -e; flow_steps main; step_main() { flow_spawn; flow_wait main; }; flow_main"
     source_and_run(api, attempt, script)
-    out = orjson.loads((attempt / "outcome.ready" / "outcome.json").read_bytes())
+    out = published_outcome(attempt)
     assert out["action"] == "fail" and out["code"] == "protocol_error"
     assert f"cannot load {api.parent}/flow-children.sh (version unknown)" in out["message"]
 
@@ -272,11 +272,14 @@ def test_pip_install_ships_both_files(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    # the venv's own httk_flow, not this tree's (a PYTHONPATH naming it would win)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [str(py), "-m", "pip", "install", "-q", "--no-deps", str(src)],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     where = subprocess.run(
@@ -285,10 +288,12 @@ def test_pip_install_ships_both_files(tmp_path: Path) -> None:
         text=True,
         cwd=str(tmp_path),
         check=True,
+        env=env,
     )
     shell = Path(where.stdout.strip()) / "shell"
     assert shell.parent != REPO / "httk_flow"
-    for name in ("flow.sh", "flow-children.sh"):
+    # flow-gate.sh too: the launcher of a bash program sources it from the package
+    for name in ("flow.sh", "flow-children.sh", "flow-gate.sh"):
         installed = shell / name
         assert installed.is_file() and not installed.is_symlink(), installed
         assert installed.read_bytes() == (REPO / "shell" / name).read_bytes()
@@ -296,6 +301,4 @@ def test_pip_install_ships_both_files(tmp_path: Path) -> None:
     attempt = fake_attempt(tmp_path)
     run = source_and_run(shell / "flow.sh", attempt, "flow_spawn && flow_wait main; echo $?")
     assert run.stdout == b"0\n", run.stderr
-    assert orjson.loads((attempt / "outcome.ready" / "outcome.json").read_bytes())["action"] == (
-        "wait"
-    )
+    assert published_outcome(attempt)["action"] == "wait"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from helpers import waiting_outcome
+from helpers import duplicate_note, published_outcome, waiting_outcome
 
 from httk_flow.errors import InvalidOutcome
 from httk_flow.protocol.outcome import JoinMode, read_outcome
@@ -37,9 +37,7 @@ def env_of(attempt: Path, step: str = "main", **extra: str) -> dict[str, str]:
 
 
 def outcome_json(attempt: Path) -> dict[str, object]:
-    data = orjson.loads((attempt / "outcome.ready" / "outcome.json").read_bytes())
-    assert isinstance(data, dict)
-    return data
+    return published_outcome(attempt)
 
 
 def runner(attempt: Path, step: str = "main", **extra: str) -> Runner:
@@ -171,7 +169,7 @@ def test_a_second_outcome_inside_run_leaves_the_duplicate_flag(attempt: Path) ->
         flow.succeed()
 
     assert Runner({"main": main}, env=env_of(attempt)).run() == 0
-    assert (attempt / "outcome.ready" / "duplicate").read_text() == "succeed\n"
+    assert duplicate_note(attempt) == "succeed\n"
 
 
 # -- children -------------------------------------------------------------------------------
@@ -267,10 +265,15 @@ def test_params_and_defaults(attempt: Path) -> None:
         r.param("zz")
 
 
-def test_restart_facts_come_from_the_context_file(attempt: Path) -> None:
-    ctx = {"attempt": 3, "is_restart": True, "unclean_restart": True, "previous_end": "interrupted"}
-    (attempt / "context.json").write_bytes(orjson.dumps(ctx))
-    r = runner(attempt)
+def test_restart_facts_come_from_the_environment(attempt: Path) -> None:
+    # protocol 2: no context.json but after a join; a restart is told in its environment
+    r = runner(
+        attempt,
+        FLOW_ATTEMPT="3",
+        FLOW_IS_RESTART="1",
+        FLOW_UNCLEAN_RESTART="1",
+        FLOW_PREVIOUS_END="interrupted",
+    )
     assert (r.attempt, r.is_restart, r.is_unclean_restart, r.previous_end) == (
         3,
         True,
@@ -285,6 +288,22 @@ def test_restart_facts_come_from_the_context_file(attempt: Path) -> None:
         False,
         False,
         None,
+    )
+
+
+def test_a_context_file_is_read_only_where_flow_context_names_it(attempt: Path) -> None:
+    ctx = {"attempt": 3, "is_restart": True, "unclean_restart": True, "previous_end": "failed"}
+    (attempt / "context.json").write_bytes(orjson.dumps(ctx))
+    # one lying in the control directory is not this attempt's: no FLOW_CONTEXT names it
+    r = runner(attempt, FLOW_ATTEMPT="1")
+    assert (r.attempt, r.is_restart, r.previous_end) == (1, False, None)
+    # after a join FLOW_CONTEXT names it, and what it says is read
+    named = runner(attempt, FLOW_CONTEXT=str(attempt / "context.json"))
+    assert (named.attempt, named.is_restart, named.is_unclean_restart, named.previous_end) == (
+        3,
+        True,
+        True,
+        "failed",
     )
 
 

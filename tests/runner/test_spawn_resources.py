@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
+from helpers import published_outcome
 
 from httk_flow.errors import InvalidOutcome
 from httk_flow.protocol.outcome import Action, ChildDef, parse_child, read_outcome
@@ -200,6 +201,8 @@ def test_a_request_the_runner_refuses_fails_the_parent_naming_it(
 ) -> None:
     job = family.job(case)
     assert (job.state, job.code, job.reason) == (State.FAILED, "protocol_error", reason)
+    # what was published is that fail, with no children beside it
+    assert published_outcome(job.attempt_dirs()[0])["action"] == "fail"
     assert not (job.attempt_dirs()[0] / "outcome.ready" / "children.jsonl").exists()
 
 
@@ -303,7 +306,7 @@ def test_flow_spawn_refuses_what_bash_can_check(attempt: Path, call: str, proble
     env = {**ATTEMPT_ENV, "FLOW_CONTROL_DIR": str(attempt)}
     done = bash(f"flow_spawn {call}; echo rc=$?; flow_wait main", env=env, cwd=str(attempt))
     assert done.stdout.decode().split() == ["rc=2"]
-    out = orjson.loads((attempt / "outcome.ready" / "outcome.json").read_bytes())
+    out = published_outcome(attempt)
     assert (out["action"], out["code"]) == ("fail", "protocol_error")
     assert out["message"] == f"step main: flow_spawn: {problem}"
 
@@ -365,7 +368,7 @@ def test_python_spawn_refuses_a_bad_request_at_the_call(
         flow.wait("main")
 
     assert Runner({"main": main}, env=env).run() == 0
-    out = orjson.loads((attempt / "outcome.ready" / "outcome.json").read_bytes())
+    out = published_outcome(attempt)
     assert (out["action"], out["message"]) == ("fail", f"step main: spawn: {problem}")
 
 

@@ -1,0 +1,83 @@
+"""Which programs the launcher starts as `bash PROGRAM`: those whose #! line names bash.
+
+For such a program the kernel would start /bin/sh (the launcher), then env(1) searching
+PATH, then bash: three execs where one will do. bash itself sources the gate
+(shell/flow-gate.sh, as BASH_ENV) before it reads the program, so the gate holds exactly as
+with the /bin/sh launcher (protocol.md §9). Everything else runs behind /bin/sh.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import stat
+
+__all__ = ["bash_for", "can_gate_bash"]
+
+_LINE_MAX = 256
+#: the #! interpreters taken as bash: the path of a bash, or env(1) naming bash alone
+_ENV = "/usr/bin/env"
+
+
+@functools.cache
+def can_gate_bash() -> bool:
+    """bash ignores BASH_ENV when its real and effective ids differ: never gate that way then
+    (a setuid manager is odd, but the gate must never be skipped), nor when the manager's
+    own environment names a BASH_ENV of its own (the program expects that one)."""
+    return (
+        os.getuid() == os.geteuid() and os.getgid() == os.getegid() and "BASH_ENV" not in os.environ
+    )
+
+
+def bash_for(program: str, path: str) -> str | None:
+    """The bash to run an absolute `program` with (its #! line names bash and no option),
+    else None. Cached by path: stored programs and bundles are immutable by their digest,
+    and one run in place is checked against its digest before every launch; the gate looks
+    again that the file is there and executable."""
+    if not program.startswith("/") or not can_gate_bash():
+        return None
+    interp = _shebang(program)
+    if interp is None:
+        return None
+    if interp == _ENV:
+        return _which_bash(path)
+    return interp
+
+
+@functools.lru_cache(maxsize=4096)
+def _shebang(program: str) -> str | None:
+    """The interpreter of `program`'s #! line when it is bash (a path or env bash), or None."""
+    try:
+        fd = os.open(program, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+            return None
+        head = os.read(fd, _LINE_MAX)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not head.startswith(b"#!") or b"\n" not in head:
+        return None
+    # as the kernel reads it: spaces and tabs after #!, then the interpreter, then one
+    # argument; only those two separate words (a CR of a DOS file is part of the name, and
+    # the kernel fails to find "bash\r": so must we)
+    words = head[2 : head.index(b"\n")].replace(b"\t", b" ").split(b" ")
+    words = [w for w in words if w]
+    if words == [_ENV.encode(), b"bash"]:
+        return _ENV
+    if len(words) == 1 and words[0].startswith(b"/") and words[0].endswith(b"/bash"):
+        interp = words[0].decode(errors="replace")
+        return interp if os.access(interp, os.X_OK) else None
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _which_bash(path: str) -> str | None:
+    """bash on PATH as env(1) would find it (the attempt's PATH is the manager's)."""
+    found = shutil.which("bash", path=path)
+    return os.path.abspath(found) if found else None
