@@ -1,0 +1,121 @@
+"""Two source trees of httk_flow on the hot path, interleaved in one run, beside xargs.
+
+    python benchmarks/ab_hot_path.py --base OLD_TREE --new NEW_TREE [--jobs 2000] [--reps 3]
+
+Each repetition runs, in this order: `xargs -P2 bash -c true`, bash-API no-op jobs
+(`flow_succeed`) under each tree, `xargs -P2 sh -c true`, and `/bin/true` jobs under each
+tree; every flow side is `flow submit --array 1-N` then `flow run --workers 2` to idle in a
+fresh workspace. Reported per side: the median rate, CPU per job (the whole process tree,
+from wait4) and inodes left per job by the run (after submission); and the median of the
+per-repetition ratios, so that a shared machine's load cancels out (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+API = """#!/usr/bin/env bash
+source "$FLOW_BASH_API"
+flow_steps main
+step_main() { flow_succeed; }
+flow_main "$@"
+"""
+
+Point = tuple[float, float, float]  # jobs/s, CPU ms per job, inodes per job
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    pid = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL).pid
+    _, status, ru = os.wait4(pid, 0)
+    if status != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}")
+    return time.perf_counter() - t0, ru.ru_utime + ru.ru_stime
+
+
+def _entries(path: str) -> int:
+    return sum(len(ds) + len(fs) for _, ds, fs in os.walk(path))
+
+
+def flow_side(tree: str, program: str, n: int, tmp: str) -> Point:
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+    flow = [sys.executable, "-m", "httk_flow"]
+    d = tempfile.mkdtemp(dir=tmp)
+    ws = os.path.join(d, "ws")
+    subprocess.run([*flow, "init", ws], env=env, check=True, stdout=subprocess.DEVNULL)
+    if program == "api":
+        program = os.path.join(d, "api.sh")
+        with open(program, "w") as fh:
+            fh.write(API)
+        os.chmod(program, 0o755)
+    submit = [*flow, "-w", ws, "submit", "--array", f"1-{n}", program]
+    subprocess.run(submit, env=env, check=True, stdout=subprocess.DEVNULL)
+    before = _entries(ws)
+    secs, cpu = _timed([*flow, "-w", ws, "run", "--workers", "2", "--quiet"], env)
+    left = _entries(ws) - before
+    shutil.rmtree(d)
+    return n / secs, cpu / n * 1000, left / n
+
+
+def xargs_side(shell: str, n: int) -> Point:
+    secs, cpu = _timed(["sh", "-c", f"seq {n} | xargs -P2 -n1 {shell} -c true"], dict(os.environ))
+    return n / secs, cpu / n * 1000, 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--base", required=True, help="source tree of the baseline")
+    ap.add_argument("--new", required=True, help="source tree of the change")
+    ap.add_argument("--jobs", type=int, default=2000)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    n = args.jobs
+    tmp = tempfile.mkdtemp(prefix="flow-ab-")
+    sides: list[tuple[str, Callable[[], Point]]] = [
+        ("xargs -P2 bash -c true", lambda: xargs_side("bash", n)),
+        ("base: bash-API jobs", lambda: flow_side(args.base, "api", n, tmp)),
+        ("new: bash-API jobs", lambda: flow_side(args.new, "api", n, tmp)),
+        ("xargs -P2 sh -c true", lambda: xargs_side("sh", n)),
+        ("base: /bin/true jobs", lambda: flow_side(args.base, "/bin/true", n, tmp)),
+        ("new: /bin/true jobs", lambda: flow_side(args.new, "/bin/true", n, tmp)),
+    ]
+    got: dict[str, list[Point]] = {}
+    loads = []
+    try:
+        for _ in range(args.reps):
+            loads.append(os.getloadavg()[0])
+            for name, side in sides:
+                got.setdefault(name, []).append(side())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    loads.append(os.getloadavg()[0])
+    print(f"{'side':26s} {'jobs/s':>8s} {'CPU ms/job':>11s} {'inodes/job':>11s}")
+    for name, pts in got.items():
+        rate = statistics.median(p[0] for p in pts)
+        cpu = statistics.median(p[1] for p in pts)
+        inodes = statistics.median(p[2] for p in pts)
+        print(f"{name:26s} {rate:8.0f} {cpu:11.2f} {inodes:11.2f}")
+    pairs = [
+        ("base: bash-API jobs", "xargs -P2 bash -c true"),
+        ("new: bash-API jobs", "xargs -P2 bash -c true"),
+        ("new: bash-API jobs", "base: bash-API jobs"),
+        ("base: /bin/true jobs", "xargs -P2 sh -c true"),
+        ("new: /bin/true jobs", "xargs -P2 sh -c true"),
+        ("new: /bin/true jobs", "base: /bin/true jobs"),
+    ]
+    for a, b in pairs:
+        r = statistics.median(x[0] / y[0] for x, y in zip(got[a], got[b], strict=True))
+        print(f"{a} / {b}: {r:.2f}x")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in loads)}")
+
+
+if __name__ == "__main__":
+    main()
