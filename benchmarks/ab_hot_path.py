@@ -32,9 +32,9 @@ flow_main "$@"
 Point = tuple[float, float, float]  # jobs/s, CPU ms per job, inodes per job
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+def _timed(argv: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[float, float]:
     t0 = time.perf_counter()
-    pid = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL).pid
+    pid = subprocess.Popen(argv, env=env, cwd=cwd, stderr=subprocess.DEVNULL).pid
     _, status, ru = os.wait4(pid, 0)
     if status != 0:
         raise SystemExit(f"failed: {' '.join(argv)}")
@@ -47,19 +47,21 @@ def _entries(path: str) -> int:
 
 def flow_side(tree: str, program: str, n: int, tmp: str) -> Point:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    flow = [sys.executable, "-m", "httk_flow"]
+    # -P: not the current directory first on sys.path, which would shadow PYTHONPATH's tree
+    # when run from inside a source tree
+    flow = [sys.executable, "-P", "-m", "httk_flow"]
     d = tempfile.mkdtemp(dir=tmp)
     ws = os.path.join(d, "ws")
-    subprocess.run([*flow, "init", ws], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*flow, "init", ws], env=env, cwd=d, check=True, stdout=subprocess.DEVNULL)
     if program == "api":
         program = os.path.join(d, "api.sh")
         with open(program, "w") as fh:
             fh.write(API)
         os.chmod(program, 0o755)
     submit = [*flow, "-w", ws, "submit", "--array", f"1-{n}", program]
-    subprocess.run(submit, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(submit, env=env, cwd=d, check=True, stdout=subprocess.DEVNULL)
     before = _entries(ws)
-    secs, cpu = _timed([*flow, "-w", ws, "run", "--workers", "2", "--quiet"], env)
+    secs, cpu = _timed([*flow, "-w", ws, "run", "--workers", "2", "--quiet"], env, cwd=d)
     left = _entries(ws) - before
     shutil.rmtree(d)
     return n / secs, cpu / n * 1000, left / n

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from httk_flow.manager.interp import bash_for
+from httk_flow.manager.interp import bash_for, gates_in
 from httk_flow.protocol import layout, programs
 from httk_flow.protocol.frames import Snapshot
 from httk_flow.protocol.fsio import write_file
@@ -203,5 +203,5 @@ def prepare(
         layout.stderr_file(adir),
         layout.exec_failed_file(adir),
         launcher_writes,
-        bash_for(argv[0], env.get("PATH", os.defpath)),
+        bash_for(argv[0], env.get("PATH", os.defpath)) if gates_in(env) else None,
     )

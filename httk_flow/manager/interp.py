@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 
-__all__ = ["bash_for", "can_gate_bash"]
+__all__ = ["bash_for", "can_gate_bash", "gates_in"]
 
 _LINE_MAX = 256
 #: the #! interpreters taken as bash: the path of a bash, or env(1) naming bash alone
@@ -28,6 +28,24 @@ def can_gate_bash() -> bool:
     return (
         os.getuid() == os.geteuid() and os.getgid() == os.getegid() and "BASH_ENV" not in os.environ
     )
+
+
+#: variables under which bash skips BASH_ENV (posix mode: POSIXLY_CORRECT, SHELLOPTS
+#: naming posix) or starts otherwise than the gate expects (BASHOPTS, ENV in posix mode)
+_SKIPS_GATE = ("BASH_ENV", "POSIXLY_CORRECT", "SHELLOPTS", "BASHOPTS")
+#: what the gate runs by name: an exported function of one of these names would run in its
+#: place (a `read` that returns at once would open the gate early)
+_GATE_NAMES = ("read", "cd", "exec", "printf", "echo", "exit", "unset", "builtin", "command")
+_GATE_FUNCS = tuple(f"BASH_FUNC_{name}%%" for name in _GATE_NAMES)
+
+
+def gates_in(env: dict[str, str]) -> bool:
+    """Whether bash started with `env` runs the gate as written: no variable that makes it
+    skip BASH_ENV, no exported function that shadows a command the gate uses. Otherwise
+    the attempt goes through the /bin/sh launcher, which no environment can bypass."""
+    if any(k in env for k in _SKIPS_GATE):
+        return False
+    return not any(k in env for k in _GATE_FUNCS)
 
 
 def bash_for(program: str, path: str) -> str | None:

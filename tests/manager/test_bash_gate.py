@@ -402,3 +402,49 @@ def test_a_retried_bash_program_is_told_how_its_previous_try_ended(
         assert (run / f"exec.{a}").read_text() == f"BASH_ENV={GATE_SCRIPT}\n"
         assert (run / f"env.{a}").read_text() == ""  # no FLOW_CONTEXT either: no join
         assert not (info.job_dir(root) / "attempts" / a / "context.json").exists()
+
+
+# -- environments under which bash would skip the gate ---------------------------------------
+
+#: each makes bash skip BASH_ENV, or run something else in place of a command the gate uses
+UNGATED = {
+    "POSIXLY_CORRECT": {"POSIXLY_CORRECT": "1"},
+    "SHELLOPTS posix": {"SHELLOPTS": "braceexpand:posix"},
+    "an exported read": {"BASH_FUNC_read%%": "() { :; }"},
+}
+
+
+@pytest.mark.parametrize("extra", list(UNGATED.values()), ids=list(UNGATED))
+def test_an_environment_that_would_skip_the_gate_is_never_launched_through_bash(
+    tmp_path: Path, extra: dict[str, str]
+) -> None:
+    """bash itself really lets the program run past a closed gate there (shown with a copy
+    of the gate's read), so such an environment goes through the /bin/sh launcher."""
+    mark = tmp_path / "ran"
+    gate = tmp_path / "gate.sh"
+    gate.write_text(f"read -r _ || exit {GATE_CLOSED}\n")
+    prog = program(tmp_path, f'echo yes >"{mark}"\n', shebang="#!/bin/bash")
+    base = {"PATH": PATH, "BASH_ENV": str(gate)}
+    held = subprocess.run([BASH, prog], env=base, stdin=subprocess.DEVNULL)
+    assert held.returncode == GATE_CLOSED and not mark.exists()
+    skipped = subprocess.run([BASH, prog], env={**base, **extra}, stdin=subprocess.DEVNULL)
+    assert skipped.returncode == 0 and mark.exists()  # the program ran: no gate held it
+    assert interp.gates_in({"PATH": PATH})
+    assert not interp.gates_in({"PATH": PATH, **extra})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"BASH_ENV": "/dev/null"}, {"BASHOPTS": "extglob"}, {"BASH_FUNC_cd%%": "() { :; }"}],
+    ids=["a BASH_ENV of its own", "BASHOPTS", "an exported cd"],
+)
+def test_other_environments_that_change_what_the_gate_runs_go_through_sh(
+    extra: dict[str, str],
+) -> None:
+    assert not interp.gates_in({"PATH": PATH, **extra})
+
+
+def test_a_harmless_exported_function_keeps_the_bash_launcher(tmp_path: Path) -> None:
+    """Module systems export functions (module, ml) into every job: those do not shadow
+    anything the gate runs."""
+    assert interp.gates_in({"PATH": PATH, "BASH_FUNC_module%%": "() { :; }"})
