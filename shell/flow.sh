@@ -129,7 +129,8 @@ _flow_write() {
     fi
     _flow_json_quote _flow_msg "$2"
     printf -v _flow_json '{"action":"%s","message":%s%s}' "$1" "$_flow_msg" "$3"
-    if [[ $1 != wait && ${FLOW_DURABLE-0} != 1 ]]; then
+    # (in posix mode a failed redirection of exec ends the shell: the directory form then)
+    if [[ $1 != wait && ${FLOW_DURABLE-0} != 1 && :$SHELLOPTS: != *:posix:* ]]; then
         # written in place, no process started (protocol.md §10): one line in a file
         # created exclusively (noclobber opens with O_EXCL: one publication owns it); the
         # manager takes it only when whole, that is ending in its newline

@@ -188,7 +188,8 @@ def prepare(
         env[layout.ENV_CONTEXT] = ctx_path
     previous = context["previous_end"]
     if previous:
-        env[layout.ENV_PREVIOUS_END] = previous
+        # an outcome's message may hold a NUL (JSON allows \u0000): no environment string can
+        env[layout.ENV_PREVIOUS_END] = previous.replace("\0", "\\0")
     if spec.array_index is not None:
         env[layout.ENV_ARRAY_INDEX] = str(spec.array_index)
     for k, v in spec.params.items():

@@ -26,17 +26,23 @@ def can_gate_bash() -> bool:
     (a setuid manager is odd, but the gate must never be skipped), nor when the manager's
     own environment names a BASH_ENV of its own (the program expects that one)."""
     return (
-        os.getuid() == os.geteuid() and os.getgid() == os.getegid() and "BASH_ENV" not in os.environ
+        os.getuid() == os.geteuid()
+        and os.getgid() == os.getegid()
+        and "BASH_ENV" not in os.environ
+        # the gate is handed over as /dev/fd/N (launcher.py): never as a path that an
+        # upgrade in place could remove or half-write, which bash would skip with a warning
+        and os.path.isdir("/dev/fd")
     )
 
 
 #: variables under which bash skips BASH_ENV (posix mode: POSIXLY_CORRECT, SHELLOPTS
 #: naming posix) or starts otherwise than the gate expects (BASHOPTS, ENV in posix mode)
-_SKIPS_GATE = ("BASH_ENV", "POSIXLY_CORRECT", "SHELLOPTS", "BASHOPTS")
+_SKIPS_GATE = ("BASH_ENV", "POSIXLY_CORRECT", "POSIX_PEDANTIC", "SHELLOPTS", "BASHOPTS")
 #: what the gate runs by name: an exported function of one of these names would run in its
 #: place (a `read` that returns at once would open the gate early)
 _GATE_NAMES = ("read", "cd", "exec", "printf", "echo", "exit", "unset", "builtin", "command")
-_GATE_FUNCS = tuple(f"BASH_FUNC_{name}%%" for name in _GATE_NAMES)
+#: exported functions as bash names them: name%% (upstream), name() (older distributions)
+_GATE_FUNCS = tuple(f"BASH_FUNC_{n}{tail}" for n in _GATE_NAMES for tail in ("%%", "()"))
 
 
 def gates_in(env: dict[str, str]) -> bool:
@@ -90,7 +96,7 @@ def _shebang(program: str) -> str | None:
         return _ENV
     if len(words) == 1 and words[0].startswith(b"/") and words[0].endswith(b"/bash"):
         interp = words[0].decode(errors="replace")
-        return interp if os.access(interp, os.X_OK) else None
+        return interp if _plain_executable(interp) else None
     return None
 
 
@@ -98,4 +104,18 @@ def _shebang(program: str) -> str | None:
 def _which_bash(path: str) -> str | None:
     """bash on PATH as env(1) would find it (the attempt's PATH is the manager's)."""
     found = shutil.which("bash", path=path)
-    return os.path.abspath(found) if found else None
+    return os.path.abspath(found) if found and _plain_executable(found) else None
+
+
+def _plain_executable(path: str) -> bool:
+    """An executable file that is not setuid or setgid: bash run with ids that differ
+    reads no BASH_ENV, so such a bash would skip the gate."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(st.st_mode)
+        and not st.st_mode & (stat.S_ISUID | stat.S_ISGID)
+        and os.access(path, os.X_OK)
+    )

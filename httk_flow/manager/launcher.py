@@ -37,6 +37,22 @@ __all__ = [
 GATE_SCRIPT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shell", "flow-gate.sh"
 )
+#: the descriptor the bash launcher reads the gate from (the gate closes it)
+GATE_FD = 9
+_gate: list[int] = []
+
+
+def _gate_fd() -> int | None:
+    """shell/flow-gate.sh, opened once per manager (close-on-exec); None if it cannot be:
+    then every attempt goes through /bin/sh."""
+    if not _gate:
+        try:
+            _gate.append(os.open(GATE_SCRIPT, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            _gate.append(-1)
+    return _gate[0] if _gate[0] >= 0 else None
+
+
 #: exit status of a launcher whose gate closed without being opened
 GATE_CLOSED = 125
 #: the text of the file the launcher writes: in the environment, which only the job's
@@ -148,12 +164,18 @@ def launch(
     ctx_path = ""
     if context is not None:
         ctx_path, env = context[0], {**env, _CONTEXT_VAR: context[1]}
-    if bash:
-        # bash sources the gate before the program's first line: one exec, not three
+    gate = _gate_fd() if bash else None
+    actions: list[tuple[int, int, int]] = [(os.POSIX_SPAWN_DUP2, -1, 0)]
+    if bash and gate is not None:
+        # bash sources the gate before the program's first line: one exec, not three. It
+        # reads it from a descriptor the manager opened at its start (/dev/fd/N), never by
+        # path: an upgrade in place could remove or half-write the file, and bash runs the
+        # program without a BASH_ENV it cannot read (with a warning only)
         exe, args = bash, [bash]
+        actions.append((os.POSIX_SPAWN_DUP2, gate, GATE_FD))
         env = {
             **env,
-            "BASH_ENV": GATE_SCRIPT,
+            "BASH_ENV": f"/dev/fd/{GATE_FD}",
             layout.GATE_OUT: stdout,
             layout.GATE_ERR: stderr,
             layout.GATE_CTX: ctx_path,
@@ -165,14 +187,9 @@ def launch(
         args = ["/bin/sh", "-c", _SCRIPT, "flow-attempt", stdout, stderr, ctx_path, cwd]
         args.append(exec_failure)
     r, w = os.pipe()  # both ends close-on-exec; the read end is dup'ed to the gate's stdin
+    actions[0] = (os.POSIX_SPAWN_DUP2, r, 0)
     try:
-        pid = os.posix_spawn(
-            exe,
-            [*args, *argv],
-            env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)],
-            setpgroup=0,
-        )
+        pid = os.posix_spawn(exe, [*args, *argv], env, file_actions=actions, setpgroup=0)
     except BaseException:
         os.close(w)
         raise

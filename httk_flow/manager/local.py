@@ -126,6 +126,14 @@ class LocalAttempts:
                 context=plan.context,
                 bash=plan.bash,
             )
+        except ValueError as e:
+            # what the job hands to its environment or argv cannot be passed (a NUL byte in
+            # a parameter): that job fails, the manager goes on
+            msg = f"cannot start the attempt ({e})"
+            self.log.problem(claimed.key, msg)
+            with contextlib.suppress(FlowError):
+                fail(self.ws, claimed, claim_body, "launch_error", msg, actor=self.actor)
+            return None
         except OSError as e:
             msg = f"cannot start the attempt ({e.strerror}: {e.filename or ''})"
             self.log.problem(claimed.key, msg)

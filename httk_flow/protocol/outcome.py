@@ -114,6 +114,9 @@ def read_outcome(attempt_dir: str) -> Outcome | None:
         raise InvalidOutcome("the attempt published more than one outcome", obj=attempt_dir)
     if not raw.endswith(b"\n"):
         raise TornOutcome("is not whole (it does not end in a newline)", obj=line)
+    if b"\0" in raw:
+        # neither JSON nor a bash string holds a NUL: a hole a crashed file server left
+        raise TornOutcome("is not whole (it has a hole of NUL bytes)", obj=line)
     if raw.count(b"\n") != 1:
         raise InvalidOutcome("must be one JSON object on one line", obj=line)
     out = parse_outcome(raw, line)

@@ -26,7 +26,7 @@ from httk_flow.manager import interp
 from httk_flow.manager.interp import bash_for
 from httk_flow.manager.launcher import (
     GATE_CLOSED,
-    GATE_SCRIPT,
+    GATE_FD,
     NOT_EXECUTABLE,
     NOT_FOUND,
     LaunchedProcess,
@@ -301,7 +301,7 @@ def test_the_gate_leaves_nothing_of_itself_to_the_program_or_its_children(
     assert ctx.read_text() == '{"a":1}'
     # started by bash on the gate: its exec environment named flow-gate.sh
     started = env_names((tmp_path / "exec.env").read_bytes())
-    assert started["BASH_ENV"] == GATE_SCRIPT and "_FLOW_GATE_OUT" in started
+    assert started["BASH_ENV"] == f"/dev/fd/{GATE_FD}" and "_FLOW_GATE_OUT" in started
     child = env_names((tmp_path / "child.env").read_bytes())
     assert child["FLOW_KEEP"] == "kept"
     assert [n for n in GATE_NAMES if n in child] == []
@@ -380,7 +380,7 @@ def test_a_bash_program_whose_manager_dies_before_the_gate_never_runs(
     info = job(root, jid)
     assert info.state is State.SUCCEEDED, dump(root, [jid])
     [ran] = (run / "ran").read_text().splitlines()
-    assert (run / f"exec.{ran}").read_text() == f"BASH_ENV={GATE_SCRIPT}\n"
+    assert (run / f"exec.{ran}").read_text() == f"BASH_ENV=/dev/fd/{GATE_FD}\n"
     assert (run / f"env.{ran}").read_text() == ""
 
 
@@ -399,7 +399,7 @@ def test_a_retried_bash_program_is_told_how_its_previous_try_ended(
     assert first_end == "process failure: exit status 3"
     assert (run / "previous.a0002").read_text() == first_end
     for a in ("a0001", "a0002"):
-        assert (run / f"exec.{a}").read_text() == f"BASH_ENV={GATE_SCRIPT}\n"
+        assert (run / f"exec.{a}").read_text() == f"BASH_ENV=/dev/fd/{GATE_FD}\n"
         assert (run / f"env.{a}").read_text() == ""  # no FLOW_CONTEXT either: no join
         assert not (info.job_dir(root) / "attempts" / a / "context.json").exists()
 
@@ -448,3 +448,36 @@ def test_a_harmless_exported_function_keeps_the_bash_launcher(tmp_path: Path) ->
     """Module systems export functions (module, ml) into every job: those do not shadow
     anything the gate runs."""
     assert interp.gates_in({"PATH": PATH, "BASH_FUNC_module%%": "() { :; }"})
+
+
+def test_the_gate_is_read_from_the_descriptor_the_manager_opened_not_from_its_path(
+    tmp_path: Path, attempt: Attempt
+) -> None:
+    """bash runs a program whose BASH_ENV it cannot read (a package upgraded in place under
+    a running manager): the gate comes from a descriptor opened at the manager's start
+    (BASH_ENV=/dev/fd/N, checked above), which the program itself never holds."""
+    prog = program(tmp_path, 'ls /proc/$$/fd >"$PWD/fds"\n', shebang="#!/bin/bash")
+    proc = attempt.launch(prog, bash=launcher_of("bash", prog))
+    assert proc.open_gate()
+    assert proc.wait() == 0
+    fds = (attempt.work / "fds").read_text().split()
+    assert str(GATE_FD) not in fds
+
+
+def test_a_null_byte_in_how_the_last_try_ended_does_not_stop_the_launch(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    """A retry's message may hold U+0000 (valid JSON); the next attempt's FLOW_PREVIOUS_END
+    cannot: it is escaped, and the job runs its retry instead of crashing its manager."""
+    prog = write_program(
+        scripts,
+        "nul.sh",
+        "#!/bin/bash\nif [[ $FLOW_ATTEMPT_ID == a0001 ]]; then\n"
+        '  printf \'{"action":"retry","message":"a\\\\u0000b"}\\n\' \\\n'
+        '    >"$FLOW_CONTROL_DIR/outcome.line"\n'
+        "fi\nexit 0\n",
+    )
+    [jid] = submit(root, prog, retries=2)
+    assert managers.run(root) == 0, log_of(managers.procs[-1])
+    info = job(root, jid)
+    assert info.state is State.SUCCEEDED, dump(root, [jid])
