@@ -1,4 +1,4 @@
-"""An attempt's directory, environment (and context.json after a join), prepared before launch."""
+"""An attempt's directory, context.json and environment, prepared before launch."""
 
 from __future__ import annotations
 
@@ -67,6 +67,12 @@ def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> bool:
     if not real.startswith(_real_dir(ws.root) + os.sep):
         raise OSError(errno.EXDEV, "lies outside the workspace", job_dir)
     return exists
+
+
+def _bash_launcher(program: str, env: dict[str, str]) -> str | None:
+    """The bash to start `program` on directly, if its #! names one and `env` keeps the gate."""
+    bash = bash_for(program, env.get("PATH", os.defpath))
+    return bash if bash is not None and gates_in(env) else None
 
 
 def attempt_dir(ws: Workspace, placement: str, key: str, number: int) -> str:
@@ -152,17 +158,14 @@ def prepare(
         # flow_children reads this plain file: bash needs no JSON parser
         lines = "".join(f"{c['label']} {c['id']} {c['state']} {c['path']}\n" for c in kids)
         write_file(layout.children_list(adir), lines.encode(), durable=False)
-    # context.json only where it says more than the environment does: after a join (its
-    # children); everything else an attempt is told is in its environment (protocol 2)
-    ctx_path = layout.context_file(adir) if extra_context else None
+    ctx_path = layout.context_file(adir)
+    ctx_data = orjson.dumps(context)
     launcher_writes = None
-    if ctx_path is not None:
-        ctx_data = orjson.dumps(context)
-        if ws.policy.durable or len(ctx_data) > MAX_LAUNCHER_CONTEXT:
-            write_file(ctx_path, ctx_data, durable=ws.policy.durable)
-        else:
-            # the launcher creates it beside the manager; the program starts only after
-            launcher_writes = (ctx_path, ctx_data.decode())
+    if ws.policy.durable or len(ctx_data) > MAX_LAUNCHER_CONTEXT:
+        write_file(ctx_path, ctx_data, durable=ws.policy.durable)
+    else:
+        # the launcher creates it beside the manager; the program starts only after that
+        launcher_writes = (ctx_path, ctx_data.decode())
     argv = [programs.executable(ws, spec.program), *spec.args]
     env = dict(_base_env())
     env.update(where)
@@ -177,6 +180,7 @@ def prepare(
             layout.ENV_ATTEMPT: str(tried),
             layout.ENV_CONTROL_DIR: adir,
             layout.ENV_WORKDIR: workdir,
+            layout.ENV_CONTEXT: ctx_path,
             layout.ENV_IS_RESTART: "1" if restart else "0",
             layout.ENV_UNCLEAN_RESTART: "1" if unclean else "0",
             layout.ENV_DURABLE: "1" if ws.policy.durable else "0",
@@ -184,8 +188,6 @@ def prepare(
             layout.ENV_PYTHON: sys.executable,
         }
     )
-    if ctx_path is not None:
-        env[layout.ENV_CONTEXT] = ctx_path
     previous = context["previous_end"]
     if previous:
         # an outcome's message may hold a NUL (JSON allows \u0000): no environment string can
@@ -204,5 +206,5 @@ def prepare(
         layout.stderr_file(adir),
         layout.exec_failed_file(adir),
         launcher_writes,
-        bash_for(argv[0], env.get("PATH", os.defpath)) if gates_in(env) else None,
+        _bash_launcher(argv[0], env),
     )

@@ -50,7 +50,7 @@ ENV_ATTEMPT = "FLOW_ATTEMPT"
 ENV_CONTROL_DIR = "FLOW_CONTROL_DIR"
 #: the directory the program starts in
 ENV_WORKDIR = "FLOW_WORKDIR"
-#: the path of the attempt's context.json: set only when one is written (after a join)
+#: the path of the attempt's context.json
 ENV_CONTEXT = "FLOW_CONTEXT"
 #: how the previous try of this activation ended, on a restart
 ENV_PREVIOUS_END = "FLOW_PREVIOUS_END"

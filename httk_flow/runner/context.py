@@ -70,16 +70,15 @@ class Attempt:
                 hint="run this program through flow (flow submit, then flow run)",
             )
         ctx: dict[str, Any] = {}
-        path = env.get(layout.ENV_CONTEXT)
-        if path:  # written only after a join; the environment carries the rest
-            try:
-                with open(path, "rb") as fh:
-                    loaded = orjson.loads(fh.read())
-                if isinstance(loaded, dict):
-                    ctx = loaded
-            except (OSError, orjson.JSONDecodeError):
-                pass
-        prev = env.get(layout.ENV_PREVIOUS_END) or ctx.get("previous_end")
+        path = env.get(layout.ENV_CONTEXT) or layout.context_file(control)
+        try:
+            with open(path, "rb") as fh:
+                loaded = orjson.loads(fh.read())
+            if isinstance(loaded, dict):
+                ctx = loaded
+        except (OSError, orjson.JSONDecodeError):
+            pass  # the environment carries everything essential
+        prev = ctx.get("previous_end") or env.get(layout.ENV_PREVIOUS_END)
         index = env.get(layout.ENV_ARRAY_INDEX)
         return cls(
             control_dir=control,

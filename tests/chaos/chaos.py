@@ -98,11 +98,8 @@ flow_steps main two three child collect bigkid bigcollect
 # the audited side effect: one line per step execution, outside the workspace
 audit() {
     local ctx="" act="?" d
-    # the activation is told only after a join, in context.json (protocol 2): "?" elsewhere
-    if [[ -n ${FLOW_CONTEXT-} ]]; then
-        IFS= read -r -d '' ctx <"$FLOW_CONTEXT" || true
-        if [[ $ctx =~ \"activation\":([0-9]+) ]]; then act=${BASH_REMATCH[1]}; fi
-    fi
+    IFS= read -r -d '' ctx <"$FLOW_CONTEXT" || true
+    if [[ $ctx =~ \"activation\":([0-9]+) ]]; then act=${BASH_REMATCH[1]}; fi
     printf '%s %s %s %s\n' "$FLOW_JOB_ID" "$FLOW_STEP" "$act" "$FLOW_ATTEMPT_ID" \
         >>"$CHAOS_AUDIT/$FLOW_JOB_ID"
     # a short nap (0-50 ms); jobs submitted with nap=long compute for 0-2 s instead, so
@@ -231,8 +228,7 @@ step_bigcollect() {
         aids=" " k=0
         while read -r jid s act aid; do
             k=$((k + 1))
-            # (a child is not told its activation: "?"; the harness checks it by its journal)
-            if [[ $jid != "$id" || $s != bigkid || $act != [1?] || $aids == *" $aid "* ]]; then
+            if [[ $jid != "$id" || $s != bigkid || $act != 1 || $aids == *" $aid "* ]]; then
                 bad+=" $label:ran-as:$s/$act/$aid" nbad=$((nbad + 1))
             fi
             aids+="$aid "
@@ -1704,13 +1700,8 @@ def check_job(
     tally["audit_lines"] += len(lines)
     ran: Counter[str] = Counter()
     per_activation: Counter[tuple[str, str]] = Counter()
-    for jid, step, told_act, aid in lines:
+    for jid, step, line_act, aid in lines:
         ran[aid] += 1
-        # an attempt not after a join is not told its activation ("?", protocol 2): the
-        # activation is then the one the journal launched it in, and only its step is checked
-        line_act = told_act
-        if told_act == "?" and aid in launched:
-            line_act = launched[aid][1]
         per_activation[(step, line_act)] += 1
         if jid != exp.id:
             v.append(f"{who}: audit line of job {jid!r} in its file")

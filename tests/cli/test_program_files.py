@@ -210,8 +210,7 @@ def test_a_stored_program_is_told_where_it_was_submitted_from(
     )
     definition = orjson.loads((job(root, jid).job_dir(root) / "job.json").read_bytes())
     assert definition["program"] == {"digest": digest, "name": "run.sh", "source": f"{src}/run.sh"}
-    # told in its environment alone (protocol 2: context.json only after a join)
-    assert not (job(root, jid).job_dir(root) / "attempts" / "a0001" / "context.json").exists()
+    assert (job(root, jid).job_dir(root) / "attempts" / "a0001" / "context.json").exists()
 
 
 # -- in place ----------------------------------------------------------------------------------

@@ -354,7 +354,7 @@ def test_a_program_s_own_exit_126_or_127_is_its_own(
 MARKS = r"""#!/bin/bash
 echo "$FLOW_ATTEMPT_ID" >>"$FLOW_WORKDIR/ran"
 tr '\0' '\n' </proc/$$/environ | grep '^BASH_ENV=' >"$FLOW_WORKDIR/exec.$FLOW_ATTEMPT_ID" || true
-env | grep -E '^(BASH_ENV|_FLOW_GATE_|FLOW_LAUNCH_CONTEXT|FLOW_CONTEXT)' \
+env | grep -E '^(BASH_ENV|_FLOW_GATE_|FLOW_LAUNCH_CONTEXT)' \
     >"$FLOW_WORKDIR/env.$FLOW_ATTEMPT_ID" || true
 printf '%s' "${FLOW_PREVIOUS_END-(unset)}" >"$FLOW_WORKDIR/previous.$FLOW_ATTEMPT_ID"
 [[ ${FLOW_PARAM_fail-0} == 1 && $FLOW_ATTEMPT_ID == a0001 ]] && exit 3
@@ -400,8 +400,8 @@ def test_a_retried_bash_program_is_told_how_its_previous_try_ended(
     assert (run / "previous.a0002").read_text() == first_end
     for a in ("a0001", "a0002"):
         assert (run / f"exec.{a}").read_text() == f"BASH_ENV=/dev/fd/{GATE_FD}\n"
-        assert (run / f"env.{a}").read_text() == ""  # no FLOW_CONTEXT either: no join
-        assert not (info.job_dir(root) / "attempts" / a / "context.json").exists()
+        assert (run / f"env.{a}").read_text() == ""
+        assert (info.job_dir(root) / "attempts" / a / "context.json").exists()
 
 
 # -- environments under which bash would skip the gate ---------------------------------------

@@ -87,10 +87,10 @@ def test_a_time_limit_stops_the_whole_group_and_the_retry_gets_the_grown_limit(
     assert 2.5 <= second["elapsed"] < 4.0
     assert (info.last["timeouts"], info.last["charged"]) == (1, 1)
     # the second attempt was told how the first ended
-    # (in its environment, FLOW_PREVIOUS_END: no context.json but after a join)
+    # (in its environment, FLOW_PREVIOUS_END, and in context.json)
     assert (job_dir / "run" / "previous.a0001").read_text() == "(unset)"
     assert (job_dir / "run" / "previous.a0002").read_text() == "time limit 1s reached"
-    assert not (job_dir / "attempts" / "a0002" / "context.json").exists()
+    assert (job_dir / "attempts" / "a0002" / "context.json").exists()
     for g, s in pids(job_dir).values():
         assert not group_alive(g) and not alive(s)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import orjson
 import pytest
 from helpers import duplicate_note, published_outcome, waiting_outcome
 
@@ -266,7 +265,7 @@ def test_params_and_defaults(attempt: Path) -> None:
 
 
 def test_restart_facts_come_from_the_environment(attempt: Path) -> None:
-    # protocol 2: no context.json but after a join; a restart is told in its environment
+    # without context.json, a restart is told in its environment (FLOW_PREVIOUS_END)
     r = runner(
         attempt,
         FLOW_ATTEMPT="3",
@@ -288,22 +287,6 @@ def test_restart_facts_come_from_the_environment(attempt: Path) -> None:
         False,
         False,
         None,
-    )
-
-
-def test_a_context_file_is_read_only_where_flow_context_names_it(attempt: Path) -> None:
-    ctx = {"attempt": 3, "is_restart": True, "unclean_restart": True, "previous_end": "failed"}
-    (attempt / "context.json").write_bytes(orjson.dumps(ctx))
-    # one lying in the control directory is not this attempt's: no FLOW_CONTEXT names it
-    r = runner(attempt, FLOW_ATTEMPT="1")
-    assert (r.attempt, r.is_restart, r.previous_end) == (1, False, None)
-    # after a join FLOW_CONTEXT names it, and what it says is read
-    named = runner(attempt, FLOW_CONTEXT=str(attempt / "context.json"))
-    assert (named.attempt, named.is_restart, named.is_unclean_restart, named.previous_end) == (
-        3,
-        True,
-        True,
-        "failed",
     )
 
 
