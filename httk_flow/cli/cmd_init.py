@@ -38,12 +38,25 @@ def enclosing_workspace(path: str) -> str | None:
 @click.option(
     "--lease", default=None, help="Manager lease, e.g. 30s or 2m (default 30s, at least 1s)."
 )
+@click.option(
+    "--keep-attempt-files",
+    is_flag=True,
+    help="Keep every file of a finished attempt (by default context.json, outcome.line "
+    "and empty output are removed at its commit: fewer inodes).",
+)
 @click.option("--exist-ok", is_flag=True, help="Accept an existing workspace.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
 @click.pass_obj
 def init(
-    app: App, /, path: str, durable: bool, lease: str | None, exist_ok: bool, as_json: bool
+    app: App,
+    /,
+    path: str,
+    durable: bool,
+    lease: str | None,
+    keep_attempt_files: bool,
+    exist_ok: bool,
+    as_json: bool,
 ) -> None:
     """Create a workspace in PATH (default: the current directory).
 
@@ -56,6 +69,7 @@ def init(
         durable=durable,
         lease=parse_duration(lease, "--lease") if lease else None,
         exist_ok=exist_ok,
+        keep_attempt_files=keep_attempt_files,
     )
     if outer is not None and not existed:
         app.warn(
@@ -69,6 +83,7 @@ def init(
                 "workspace_id": ws.format.workspace_id,
                 "durable": ws.policy.durable,
                 "lease": ws.policy.lease,
+                "keep_attempt_files": ws.policy.keep_attempt_files,
             }
         )
     else:

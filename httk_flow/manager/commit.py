@@ -17,6 +17,7 @@ from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
+from httk_flow.manager.tidy import Tidy
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Snapshot
@@ -93,10 +94,12 @@ class Committer:
         running: Body,
         ending: Ending,
         evidence: Evidence | None = None,
+        tidy: Tidy | None = None,
     ) -> JobHandle:
         """running (or cancelling-free running) -> committing -> final. `running` is the
         body of the job's running frame. Raises TransitionConflict when the attempt was
-        fenced (cancelled, taken over) before it could commit."""
+        fenced (cancelled, taken over) before it could commit. `tidy`: the attempt's files
+        to tidy once the committing frame holds what they said (tidy.py)."""
         decision = decide(
             spec,
             running.snap,
@@ -131,7 +134,7 @@ class Committer:
                 inbox.give_back(folded)
             raise
         crash_point("commit.after_committing")
-        final = self.finish(committing, spec, body, decision)
+        final = self.finish(committing, spec, body, decision, tidy)
         if inbox is not None and folded is not None:
             inbox.settle(folded, final)
         return final
@@ -185,7 +188,12 @@ class Committer:
         return self.finish(mine, spec, body, decision)
 
     def finish(
-        self, committing: JobHandle, spec: JobSpec, body: Body, decision: Decision
+        self,
+        committing: JobHandle,
+        spec: JobSpec,
+        body: Body,
+        decision: Decision,
+        tidy: Tidy | None = None,
     ) -> JobHandle:
         """The final rename of a commit whose committing frame has `body`."""
         if decision.children:
@@ -195,6 +203,11 @@ class Committer:
                 # children that can never be registered: the commit can never complete
                 return self._fail_commit(committing, body, e)
             crash_point("commit.after_children")
+        if tidy is not None and decision.target is not State.WAITING:
+            # a wait's children are read again from its outcome.ready/ if this commit is
+            # resumed, and that directory is never tidied; the rest holds nothing now
+            tidy.run(terminal=decision.target.is_terminal)
+            crash_point("commit.after_tidy")
         c = decision.changes
         final_body = body.carry(
             snap=c.snapshot(body.snap),

@@ -29,6 +29,7 @@ from httk_flow.manager.running import (
     Pending,
 )
 from httk_flow.manager.slots import Binding, Slots
+from httk_flow.manager.tidy import Tidy
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence
 from httk_flow.protocol.jobs import fail
@@ -263,10 +264,12 @@ class LocalAttempts:
     def _settle(self, la: LocalAttempt, rc: int) -> JobHandle | None:
         elapsed = time.monotonic() - la.opened
         code, sig = (rc, None) if rc >= 0 else (None, -rc)
+        left = False
         if la.term_at is not None:
             # a stopped attempt may leave group members behind: make sure none survive
             signal_group(la.proc.pid, signal.SIGKILL)
         elif signal_group(la.proc.pid, signal.SIGTERM):
+            left = True
             # like the end of a batch job step: what the program left running in its
             # group is stopped (TERM, KILL after the grace) rather than left to run on
             # in the allocation; a process meant to outlive the attempt needs setsid
@@ -286,7 +289,9 @@ class LocalAttempts:
             exec_failure=self._exec_failure(la, rc) if la.term_at is None else None,
         )
         try:
-            return self.committer.commit(la.job, la.spec, la.body, ending)
+            return self.committer.commit(
+                la.job, la.spec, la.body, ending, tidy=self._tidy(la, left)
+            )
         except TransitionConflict:
             return self._fenced(la, code, sig)
         except (FlowError, OSError) as e:
@@ -309,6 +314,18 @@ class LocalAttempts:
                             self.ws, now, frame, "unsafe_path", e.render(), actor=self.actor
                         )
             return None
+
+    def _tidy(self, la: LocalAttempt, left: bool) -> Tidy | None:
+        """What to remove of the attempt at its commit (None: the workspace keeps it all).
+        Output that processes left in its group may still write to is kept, even empty."""
+        if self.ws.policy.keep_attempt_files:
+            return None
+        return Tidy(
+            self.ws.job_dir(la.job.placement, la.job.key),
+            os.path.basename(la.plan.dir),
+            persistent=la.spec.workdir == "persistent",
+            outputs=not left,
+        )
 
     def _exec_failure(self, la: LocalAttempt, rc: int) -> tuple[str, str] | None:
         """(code, message) when the launcher could not execute the program."""

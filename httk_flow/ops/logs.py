@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from httk_flow.errors import UsageError
+from httk_flow.ops.gc import DAY
 from httk_flow.ops.lookup import view
 from httk_flow.protocol import layout
 from httk_flow.protocol.transition import JobHandle, locate_key
@@ -14,6 +15,12 @@ from httk_flow.protocol.workspace import Workspace
 
 
 def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
+    return _chosen(ws, job, attempt)[0]
+
+
+def _chosen(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, bool]:
+    """The attempt's directory, and whether `flow gc` may have collected it (an earlier
+    attempt that ended longer ago than the workspace keeps attempts)."""
     attempts = view(ws, job).attempts
     if not attempts:
         raise UsageError("has not run yet", obj=f"job {job.key}", hint="see `flow show`")
@@ -27,8 +34,10 @@ def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
             )
         chosen = match[0]
     n = chosen.record.n
+    horizon = time.time() - ws.policy.keep_attempts_days * DAY
+    collectable = chosen is not attempts[-1] and (chosen.ended or 0.0) <= horizon
     # derived from the number, never taken from the frame: a frame cannot point us elsewhere
-    return layout.attempt_dir(ws.job_dir(job.placement, job.key), n)
+    return layout.attempt_dir(ws.job_dir(job.placement, job.key), n), collectable
 
 
 def first_attempt(
@@ -68,7 +77,7 @@ def read_log(
     (and, for a job that has not started, from its first attempt on)."""
     if follow and attempt is None:
         job = first_attempt(ws, job, interval=interval, on_wait=on_wait)
-    adir = attempt_dir(ws, job, attempt)
+    adir, collectable = _chosen(ws, job, attempt)
     path = layout.stderr_file(adir) if stderr else layout.stdout_file(adir)
     while follow and not os.path.exists(path):
         # claimed, its directory made, the launcher not yet run: its files come next
@@ -77,10 +86,15 @@ def read_log(
             break
         time.sleep(min(interval, 0.05))
     if not os.path.exists(path):
-        if os.path.isdir(os.path.dirname(path)):
-            return  # the attempt wrote nothing there
+        if os.path.isdir(adir) or not collectable:
+            # it wrote nothing there (its commit removes an empty file, and then the
+            # attempt's directory if nothing else was left in it)
+            return
+        said = "collected by `flow gc`"
+        if not ws.policy.keep_attempt_files:
+            said = f"it printed nothing, or they were {said}"
         raise UsageError(
-            "has no files any more (collected by `flow gc`)",
+            f"has no files any more ({said})",
             obj=f"attempt {os.path.basename(os.path.dirname(path))} of job {job.key}",
         )
     with open(path, "rb") as fh:

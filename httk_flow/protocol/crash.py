@@ -26,6 +26,7 @@ POINTS = (
     "launch.after_running",
     "commit.after_committing",
     "commit.after_children",
+    "commit.after_tidy",
     "commit.after_final",
     "join.after_release",
     "cancel.after_fence",

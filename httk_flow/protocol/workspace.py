@@ -68,6 +68,9 @@ class Policy:
     keep_attempts_days: float = 7.0
     #: days to keep journal segments no marker references before `flow gc` deletes them
     keep_journal_days: float = 30.0
+    #: keep every file of a committed attempt (by default what holds nothing the journal
+    #: does not is removed at its commit: context.json, outcome.line, empty output)
+    keep_attempt_files: bool = False
 
     @classmethod
     def from_json(cls, data: object, where: str) -> Policy:
@@ -102,6 +105,10 @@ class Policy:
         return policy
 
 
+#: policy keys newer than protocol revision 2
+_WRITTEN_WHEN_SET = ("keep_attempt_files",)
+
+
 @dataclass(frozen=True)
 class WorkspaceFormat:
     workspace_id: str
@@ -117,10 +124,19 @@ class WorkspaceFormat:
                 "version": self.version,
                 "workspace_id": self.workspace_id,
                 "created": self.created,
-                "policy": asdict(self.policy),
+                "policy": self._policy_json(),
             },
             option=orjson.OPT_INDENT_2,
         )
+
+    def _policy_json(self) -> dict[str, Any]:
+        policy = asdict(self.policy)
+        # written only when set: a reader of protocol revision 2 refuses a key it does not
+        # know, and the default workspace stays shareable with such managers
+        for key in _WRITTEN_WHEN_SET:
+            if policy[key] == getattr(Policy, key):
+                del policy[key]
+        return policy
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> WorkspaceFormat:
@@ -175,7 +191,13 @@ class Workspace:
 
     @classmethod
     def create(
-        cls, path: str, *, durable: bool = False, lease: float | None = None, exist_ok: bool = False
+        cls,
+        path: str,
+        *,
+        durable: bool = False,
+        lease: float | None = None,
+        exist_ok: bool = False,
+        keep_attempt_files: bool = False,
     ) -> Workspace:
         if lease is not None:
             check_lease(float(lease))
@@ -187,7 +209,11 @@ class Workspace:
                     "is already a workspace", obj=root, hint="pass --exist-ok to accept that"
                 )
             return cls.open(root)
-        policy = Policy(durable=durable, lease=float(lease) if lease is not None else Policy.lease)
+        policy = Policy(
+            durable=durable,
+            lease=float(lease) if lease is not None else Policy.lease,
+            keep_attempt_files=keep_attempt_files,
+        )
         fmt = WorkspaceFormat(workspace_id=new_id(), created=time.time(), policy=policy)
         os.makedirs(flow, exist_ok=True)
         for sub in layout.init_dirs(root):

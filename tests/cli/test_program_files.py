@@ -198,7 +198,7 @@ def test_a_stored_program_is_told_where_it_was_submitted_from(
     write(
         src / "run.sh",
         '#!/bin/bash\necho "$0"\nsource "$(dirname "$FLOW_PROGRAM_SOURCE")/lib.sh"\n'
-        'echo "bundle: ${FLOW_BUNDLE_DIR-none}"\n',
+        'echo "bundle: ${FLOW_BUNDLE_DIR-none}"\ncp "$FLOW_CONTEXT" "$FLOW_WORKDIR/seen.json"\n',
         0o755,
     )
     write(src / "lib.sh", "echo sourced from the original directory\n")
@@ -210,7 +210,11 @@ def test_a_stored_program_is_told_where_it_was_submitted_from(
     )
     definition = orjson.loads((job(root, jid).job_dir(root) / "job.json").read_bytes())
     assert definition["program"] == {"digest": digest, "name": "run.sh", "source": f"{src}/run.sh"}
-    assert (job(root, jid).job_dir(root) / "attempts" / "a0001" / "context.json").exists()
+    job_dir = job(root, jid).job_dir(root)
+    seen = orjson.loads((job_dir / "run" / "seen.json").read_bytes())
+    assert (seen["program_source"], seen["bundle_dir"]) == (f"{src}/run.sh", None)
+    # the attempt's own context.json was tidied away at its commit
+    assert not (job_dir / "attempts" / "a0001" / "context.json").exists()
 
 
 # -- in place ----------------------------------------------------------------------------------

@@ -118,9 +118,12 @@ esac
 # -- workspaces and jobs ----------------------------------------------------------------
 
 
-def make_workspace(path: Path, *, backoff_base: float = 0.2, backoff_cap: float = 2.0) -> str:
-    """A fresh workspace whose retry backoff is short enough for tests."""
-    ws = Workspace.create(str(path))
+def make_workspace(
+    path: Path, *, backoff_base: float = 0.2, backoff_cap: float = 2.0, keep_files: bool = False
+) -> str:
+    """A fresh workspace whose retry backoff is short enough for tests (`keep_files`:
+    committed attempts keep every file, for a test that reads them afterwards)."""
+    ws = Workspace.create(str(path), keep_attempt_files=keep_files)
     ws.close()
     # rewritten before any process opens the workspace; both keys are known policy keys
     fmt_path = Path(ws.flow) / "format.json"
@@ -391,10 +394,17 @@ def dump(root: str, ids: Sequence[str] = ()) -> str:
 
 
 def leased_workspace(
-    path: Path, lease: str = "1s", *, backoff_base: float = 0.2, backoff_cap: float = 2.0
+    path: Path,
+    lease: str = "1s",
+    *,
+    backoff_base: float = 0.2,
+    backoff_cap: float = 2.0,
+    keep_files: bool = False,
 ) -> str:
-    """`flow init --lease LEASE PATH` run for real, then make_workspace's short retry backoff."""
-    r = flow("init", str(path), "--lease", lease, "--json")
+    """`flow init --lease LEASE PATH` run for real, then make_workspace's short retry backoff.
+    `keep_files`: every file of a committed attempt is kept (--keep-attempt-files)."""
+    keep = ["--keep-attempt-files"] if keep_files else []
+    r = flow("init", str(path), "--lease", lease, "--json", *keep)
     assert r.returncode == 0, r.stderr
     root = str(orjson.loads(r.stdout)["workspace"])
     fmt_path = Path(root) / ".flow" / "format.json"

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from helpers import wait_for
 
@@ -357,6 +358,7 @@ tr '\0' '\n' </proc/$$/environ | grep '^BASH_ENV=' >"$FLOW_WORKDIR/exec.$FLOW_AT
 env | grep -E '^(BASH_ENV|_FLOW_GATE_|FLOW_LAUNCH_CONTEXT)' \
     >"$FLOW_WORKDIR/env.$FLOW_ATTEMPT_ID" || true
 printf '%s' "${FLOW_PREVIOUS_END-(unset)}" >"$FLOW_WORKDIR/previous.$FLOW_ATTEMPT_ID"
+cp "$FLOW_CONTEXT" "$FLOW_WORKDIR/context.$FLOW_ATTEMPT_ID"
 [[ ${FLOW_PARAM_fail-0} == 1 && $FLOW_ATTEMPT_ID == a0001 ]] && exit 3
 exit 0
 """
@@ -401,7 +403,11 @@ def test_a_retried_bash_program_is_told_how_its_previous_try_ended(
     for a in ("a0001", "a0002"):
         assert (run / f"exec.{a}").read_text() == f"BASH_ENV=/dev/fd/{GATE_FD}\n"
         assert (run / f"env.{a}").read_text() == ""
-        assert (info.job_dir(root) / "attempts" / a / "context.json").exists()
+        # the attempt found its context.json; its commit tidied it away
+        context = orjson.loads((run / f"context.{a}").read_bytes())
+        assert context["attempt_id"] == a
+        assert not (info.job_dir(root) / "attempts" / a / "context.json").exists()
+    assert orjson.loads((run / "context.a0002").read_bytes())["previous_end"] == first_end
 
 
 # -- environments under which bash would skip the gate ---------------------------------------

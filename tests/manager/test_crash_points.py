@@ -42,6 +42,8 @@ CASES = [
     ("commit.after_committing", 2),
     ("commit.after_committing", 8),
     ("commit.after_children", 1),
+    ("commit.after_tidy", 2),
+    ("commit.after_tidy", 7),
     ("commit.after_final", 3),
     ("commit.after_final", 9),
     ("submit.after_payload", 2),

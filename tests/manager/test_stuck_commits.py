@@ -286,7 +286,8 @@ flow_main "$@"
 def test_commits_on_a_full_disk_are_retried_until_it_has_room(
     small_disk: Path, tmp_path: Path, managers: Managers
 ) -> None:
-    root = leased_workspace(small_disk / "ws", "2s")
+    # kept files: tidying the first commits would free the room the scene needs to be gone
+    root = leased_workspace(small_disk / "ws", "2s", keep_files=True)
     gate = tmp_path / "gate"  # outside the small disk
     program = write_program(tmp_path / "scripts", "hold.sh", HOLDS)
     ids = submit(root, program, 20, params={"gate": str(gate)})

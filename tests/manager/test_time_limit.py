@@ -11,6 +11,7 @@ import signal
 import time
 from pathlib import Path
 
+import orjson
 from helpers import wait_for
 
 from httk_flow.manager.launcher import group_alive
@@ -33,6 +34,7 @@ NEEDS_TIME = """
 ( trap '' TERM; exec sleep 300 ) &
 echo "$FLOW_ATTEMPT_ID $$ $!" >> "$FLOW_WORKDIR/pids"
 printf %s "${FLOW_PREVIOUS_END-(unset)}" > "$FLOW_WORKDIR/previous.$FLOW_ATTEMPT_ID"
+cp "$FLOW_CONTEXT" "$FLOW_WORKDIR/context.$FLOW_ATTEMPT_ID"
 sleep "$FLOW_PARAM_needs"
 """
 
@@ -90,7 +92,8 @@ def test_a_time_limit_stops_the_whole_group_and_the_retry_gets_the_grown_limit(
     # (in its environment, FLOW_PREVIOUS_END, and in context.json)
     assert (job_dir / "run" / "previous.a0001").read_text() == "(unset)"
     assert (job_dir / "run" / "previous.a0002").read_text() == "time limit 1s reached"
-    assert (job_dir / "attempts" / "a0002" / "context.json").exists()
+    context = orjson.loads((job_dir / "run" / "context.a0002").read_bytes())
+    assert context["previous_end"] == "time limit 1s reached"
     for g, s in pids(job_dir).values():
         assert not group_alive(g) and not alive(s)
 

@@ -108,7 +108,17 @@ class Job:
         ]
 
     def attempt_dirs(self) -> list[Path]:
-        return sorted((self.dir / "attempts").iterdir())
+        """The attempt directories left (a committed attempt may have been tidied away)."""
+        attempts = self.dir / "attempts"
+        return sorted(attempts.iterdir()) if attempts.is_dir() else []
+
+    def attempt_ids(self) -> list[str]:
+        """Every attempt the journal says was started, oldest first."""
+        return [
+            str(f["attempt"]["id"])
+            for f in self.frames
+            if f.get("from") == "claimed" and f.get("to") == "running"
+        ]
 
     def stderr(self) -> str:
         return "".join(
@@ -129,13 +139,14 @@ class Job:
 class Bench:
     """One workspace, the scripts of a test, and `flow` commands run against it."""
 
-    def __init__(self, tmp: Path, *, backoff: float = 0.1) -> None:
+    def __init__(self, tmp: Path, *, backoff: float = 0.1, keep_files: bool = False) -> None:
         self.tmp = tmp
         self.root = str(tmp / "ws")
         self.scripts = tmp / "scripts"
         self.scripts.mkdir(parents=True, exist_ok=True)
         self.logs: list[Path] = []
-        done = flow("init", self.root)
+        # keep_files: a test that reads a committed attempt's own files (outcome.line, ...)
+        done = flow("init", self.root, *(["--keep-attempt-files"] if keep_files else []))
         assert done.returncode == 0, done.stderr
         fmt = Path(self.root) / ".flow" / "format.json"
         data = orjson.loads(fmt.read_bytes())

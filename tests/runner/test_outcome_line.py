@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -26,6 +27,14 @@ from httk_flow.protocol.states import State
 from .support import BASH, FLOW_SH, Bench, bash
 
 STRACE = shutil.which("strace")
+
+
+@pytest.fixture
+def bench(tmp_path: Path) -> Iterator[Bench]:
+    """These tests read what the runner left in its attempt: the workspace keeps it all."""
+    b = Bench(tmp_path, keep_files=True)
+    yield b
+    b.close()
 
 
 @pytest.fixture
@@ -313,7 +322,7 @@ def test_a_wait_still_registers_its_children_and_the_join_gets_its_context(
 
 
 def test_a_durable_workspace_publishes_every_outcome_as_a_directory(tmp_path: Path) -> None:
-    bench = Bench(tmp_path)
+    bench = Bench(tmp_path, keep_files=True)
     try:
         fmt = Path(bench.root) / ".flow" / "format.json"
         data = orjson.loads(fmt.read_bytes())

@@ -145,7 +145,8 @@ class Family:
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Family]:
-    bench = Bench(tmp_path_factory.mktemp("spawn-resources"))
+    # the cases read the outcomes the runners published: the workspace keeps them
+    bench = Bench(tmp_path_factory.mktemp("spawn-resources"), keep_files=True)
     sh = bench.script("parent.sh", BASH)
     py = bench.script("parent.py", PYTHON, prelude="")
     ids = {"bash": bench.submit(sh, options=PARENT), "python": bench.submit(py, options=PARENT)}
