@@ -241,3 +241,17 @@ def processes_with_env(entry: str) -> list[int]:
         if needle in env:
             out.append(pid)
     return out
+
+
+def attempt_output(job_dir: str | os.PathLike[str], n: int, name: str = "stdout") -> str:
+    """What attempt n wrote to `name` (stdout, stderr): in its directory while it runs, or
+    beside job.json (aNNNN.stdout) once its commit tidied it; "" when it wrote nothing."""
+    for path in (
+        Path(job_dir) / "attempts" / f"a{n:04d}" / name,
+        Path(job_dir) / f"a{n:04d}.{name}",
+    ):
+        try:
+            return path.read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+    return ""

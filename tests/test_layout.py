@@ -51,6 +51,8 @@ DOCUMENTED = {
     layout.job_file(JOB),
     layout.files_dir(JOB) + "/",
     layout.run_dir(JOB) + "/",
+    layout.kept_output(JOB, 1, "stdout").replace("a0001", "aNNNN"),
+    layout.kept_output(JOB, 1, "stderr").replace("a0001", "aNNNN"),
     layout.attempt_dir(JOB, 1).replace("a0001", "aNNNN") + "/",
     layout.job_dir(JOB, "", "<child-key>") + "/",
     layout.context_file(ATTEMPT),
@@ -84,7 +86,7 @@ def test_the_paths_are_the_ones_on_disk() -> None:
     assert layout.state_dir("/w", "ready", "jobs/ab") == "/w/.flow/state/ready/jobs/ab"
     assert layout.attempt_dir("/w/jobs/ab/k", 12) == "/w/jobs/ab/k/attempts/a0012"
     assert layout.attempts_dir("/w/jobs/ab/k") == "/w/jobs/ab/k/attempts"
-    assert layout.outcome_staging("/a") == "/a/outcome.tmp.flow"
+    assert layout.kept_output("/w/jobs/ab/k", 3, "stderr") == "/w/jobs/ab/k/a0003.stderr"
     assert layout.outcome_line("/a") == "/a/outcome.line"
     assert layout.outcome_again("/a") == "/a/outcome.duplicate"
     assert layout.outcome_tmp("/a", "1.ff") == "/a/outcome.tmp.1.ff"

@@ -114,7 +114,13 @@ def prepare(
     adir = layout.attempt_dir(job_dir, number)
     if not _check_inside(ws, job_dir, attempts):
         os.mkdir(attempts)  # the job's first attempt
-    os.mkdir(adir)
+    try:
+        os.mkdir(adir)
+    except FileNotFoundError:
+        # tidied away since the check (a commit of this job by a manager that had lost
+        # its lease to us): made again, as for a first attempt
+        os.mkdir(attempts)
+        os.mkdir(adir)
     if spec.workdir == "persistent":
         workdir = layout.run_dir(job_dir)
         try:

@@ -20,11 +20,11 @@ from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.tidy import Tidy
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
-from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Snapshot
+from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Result, Snapshot
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.jobspec import JobSpec, ParentRef
 from httk_flow.protocol.names import MAX_PRIORITY
-from httk_flow.protocol.outcome import ChildDef, TornOutcome, read_outcome
+from httk_flow.protocol.outcome import MAX_MESSAGE, ChildDef, TornOutcome, read_outcome
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 from httk_flow.protocol.transition import JobHandle, transition
@@ -203,10 +203,10 @@ class Committer:
                 # children that can never be registered: the commit can never complete
                 return self._fail_commit(committing, body, e)
             crash_point("commit.after_children")
-        if tidy is not None and decision.target is not State.WAITING:
+        if tidy is not None and not decision.children and decision.changes.join is None:
             # a wait's children are read again from its outcome.ready/ if this commit is
-            # resumed, and that directory is never tidied; the rest holds nothing now
-            tidy.run(terminal=decision.target.is_terminal)
+            # resumed (also when a folded pause turned it into one to paused): never tidied
+            tidy.run(terminal=decision.target.is_terminal, outcome=_whole(body.result))
             crash_point("commit.after_tidy")
         c = decision.changes
         final_body = body.carry(
@@ -330,3 +330,12 @@ def is_transient(err: BaseException) -> bool:
 
 def _child_program(job_dir: str, program: str) -> str:
     return program if os.path.isabs(program) else os.path.join(job_dir, program)
+
+
+def _whole(result: Result | None) -> bool:
+    """Whether the frames hold the attempt's published outcome whole: accepted, and its
+    message short enough never to have been cut (so its file holds nothing more)."""
+    if result is None or result.outcome is None or result.outcome_error:
+        return False
+    message = result.outcome.get("message")
+    return not isinstance(message, str) or len(message) < MAX_MESSAGE

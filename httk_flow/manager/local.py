@@ -317,14 +317,15 @@ class LocalAttempts:
 
     def _tidy(self, la: LocalAttempt, left: bool) -> Tidy | None:
         """What to remove of the attempt at its commit (None: the workspace keeps it all).
-        Output that processes left in its group may still write to is kept, even empty."""
+        What processes left in its group may still use (output, context, workdir) is
+        kept, even empty: only its outcome goes."""
         if self.ws.policy.keep_attempt_files:
             return None
         return Tidy(
             self.ws.job_dir(la.job.placement, la.job.key),
             os.path.basename(la.plan.dir),
             persistent=la.spec.workdir == "persistent",
-            outputs=not left,
+            settled=not left,
         )
 
     def _exec_failure(self, la: LocalAttempt, rc: int) -> tuple[str, str] | None:

@@ -23,9 +23,11 @@ def _name(path_of: Callable[[str], str]) -> str:
     return os.path.basename(path_of("/"))
 
 
-#: removed whenever the attempt is tidied: the committing frame holds what they said
-_REDUNDANT = (_name(layout.context_file), _name(layout.outcome_line))
-#: removed only when empty, and only when nothing of the attempt may still write to them
+#: what the attempt was told: in the frames and its environment (the `children` file of
+#: the step after a join stays, for flow_children to be read back)
+_TOLD = (_name(layout.context_file),)
+_LINE = _name(layout.outcome_line)
+#: removed when empty, moved up beside job.json otherwise
 _OUTPUT = (_name(layout.stdout_file), _name(layout.stderr_file))
 _ATTEMPTS = _name(layout.attempts_dir)
 _RUN = _name(layout.run_dir)
@@ -45,13 +47,15 @@ class Tidy:
     attempt: str
     #: the job's workdir is run/ (persistent), not the attempt's own work/
     persistent: bool
-    #: its empty output files may go: no process of its group was left to write to them
-    outputs: bool
+    #: no process of its group was left at its end: nothing may still write to its output,
+    #: read its context or work in its workdir (otherwise only its outcome is tidied)
+    settled: bool
 
-    def run(self, *, terminal: bool) -> None:
+    def run(self, *, terminal: bool, outcome: bool) -> None:
         """Remove what the attempt left that holds nothing; with `terminal` (the job's
-        last attempt) also attempts/ and run/ when they are empty. Never raises: an
-        untidied file costs an inode, never correctness."""
+        last attempt) also attempts/ and run/ when they are empty. `outcome`: the frames
+        hold the published outcome whole (accepted, its message not cut), so its file may
+        go too. Never raises: an untidied file costs an inode, never correctness."""
         try:
             jfd = os.open(self.job_dir, _DIR_FLAGS)
         except OSError:
@@ -60,40 +64,69 @@ class Tidy:
             afd = _open_dir(_ATTEMPTS, jfd)
             if afd is not None:
                 try:
-                    self._attempt(afd)
+                    self._attempt(afd, jfd, outcome)
                 finally:
                     os.close(afd)
                 if terminal:
                     _rmdir(_ATTEMPTS, jfd)
-            if terminal and self.persistent:
+            if terminal and self.persistent and self.settled:
                 _rmdir(_RUN, jfd)
         finally:
             os.close(jfd)
 
-    def _attempt(self, afd: int) -> None:
+    def _attempt(self, afd: int, jfd: int, outcome: bool) -> None:
         xfd = _open_dir(self.attempt, afd)
         if xfd is None:
             return
         try:
-            for name in _REDUNDANT:
-                _unlink(name, xfd)
-            rfd = _open_dir(_READY, xfd)
-            if rfd is not None:
-                # a published outcome.ready/ of anything but a wait holds outcome.json only
-                try:
-                    _unlink(_READY_FILE, rfd)
-                finally:
-                    os.close(rfd)
-                _rmdir(_READY, xfd)
-            if self.outputs:
+            if outcome:
+                self._outcome(xfd)
+            if self.settled:
+                for name in _TOLD:
+                    _unlink(name, xfd)
                 for name in _OUTPUT:
-                    _unlink_empty(name, xfd)
-            if not self.persistent:
-                _rmdir(_WORK, xfd)
+                    self._output(name, xfd, jfd)
+                if not self.persistent:
+                    _rmdir(_WORK, xfd)
         finally:
             os.close(xfd)
         # fails while anything is left (output, exec.failed, outcome.ready/, ...): kept
         _rmdir(self.attempt, afd)
+
+    @staticmethod
+    def _outcome(xfd: int) -> None:
+        """outcome.line, or outcome.ready/ holding outcome.json alone (a publication's
+        children.jsonl or a duplicate keeps it)."""
+        _unlink(_LINE, xfd)
+        rfd = _open_dir(_READY, xfd)
+        if rfd is None:
+            return
+        try:
+            try:
+                alone = os.listdir(rfd) == [_READY_FILE]
+            except OSError:
+                alone = False
+            if alone:
+                _unlink(_READY_FILE, rfd)
+        finally:
+            os.close(rfd)
+        _rmdir(_READY, xfd)
+
+    def _output(self, name: str, xfd: int, jfd: int) -> None:
+        """An empty output file goes; one with output moves up beside job.json as
+        aNNNN.stdout (the same file: a reader that has it open reads on)."""
+        try:
+            st = os.stat(name, dir_fd=xfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                return
+            if st.st_size == 0:
+                os.unlink(name, dir_fd=xfd)
+            else:
+                n = layout.attempt_number(self.attempt)
+                kept = os.path.basename(layout.kept_output("/", n, name))
+                os.rename(name, kept, src_dir_fd=xfd, dst_dir_fd=jfd)
+        except OSError:
+            pass
 
 
 def _open_dir(name: str, dir_fd: int) -> int | None:
@@ -106,15 +139,6 @@ def _open_dir(name: str, dir_fd: int) -> int | None:
 def _unlink(name: str, dir_fd: int) -> None:
     try:
         os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
-
-
-def _unlink_empty(name: str, dir_fd: int) -> None:
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
-            os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
 

@@ -107,16 +107,39 @@ def _attempts(ws: Workspace, report: GcReport, now: float) -> None:
                 continue
             if ended > horizon:
                 continue
-            adir = layout.attempts_dir(ws.job_dir(h.placement, h.key))
-            try:
-                names = sorted(
-                    (n for n in os.listdir(adir) if layout.is_attempt_name(n)),
-                    key=layout.attempt_number,
-                )
-            except OSError:
+            found = _attempt_files(ws.job_dir(h.placement, h.key))
+            if not found:
                 continue
-            for n in names[:-1]:  # the last attempt stays for `flow logs`
-                _remove(report, "attempt", os.path.join(adir, n), is_dir=True)
+            last = max(n for n, _, _ in found)
+            for n, path, is_dir in sorted(found):
+                if n < last:  # the last attempt stays for `flow logs`
+                    _remove(report, "attempt", path, is_dir=is_dir)
+
+
+def _attempt_files(job_dir: str) -> list[tuple[int, str, bool]]:
+    """(number, path, is a directory) of what a job's attempts left: their directories
+    under attempts/ and the output that tidying moved up beside job.json (aNNNN.stdout)."""
+    found = []
+    adir = layout.attempts_dir(job_dir)
+    try:
+        for name in os.listdir(adir):
+            if layout.is_attempt_name(name):
+                found.append((layout.attempt_number(name), os.path.join(adir, name), True))
+    except OSError:
+        pass
+    try:
+        names = os.listdir(job_dir)
+    except OSError:
+        return found
+    for name in names:
+        stem, _, stream = name.partition(".")
+        if layout.is_attempt_name(stem):
+            n = layout.attempt_number(stem)
+            # exactly the name tidying gives (a0001.stdout, never a1.stdout)
+            kept = os.path.basename(layout.kept_output(job_dir, n, stream))
+            if stream in ("stdout", "stderr") and name == kept:
+                found.append((n, os.path.join(job_dir, name), False))
+    return found
 
 
 def _segments(ws: Workspace, report: GcReport, now: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from httk_flow.errors import UsageError
 from httk_flow.ops.gc import DAY
@@ -18,9 +19,9 @@ def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
     return _chosen(ws, job, attempt)[0]
 
 
-def _chosen(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, bool]:
-    """The attempt's directory, and whether `flow gc` may have collected it (an earlier
-    attempt that ended longer ago than the workspace keeps attempts)."""
+def _chosen(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, int, bool]:
+    """The attempt's directory and number, and whether `flow gc` may have collected it (an
+    earlier attempt that ended longer ago than the workspace keeps attempts)."""
     attempts = view(ws, job).attempts
     if not attempts:
         raise UsageError("has not run yet", obj=f"job {job.key}", hint="see `flow show`")
@@ -37,7 +38,7 @@ def _chosen(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, bo
     horizon = time.time() - ws.policy.keep_attempts_days * DAY
     collectable = chosen is not attempts[-1] and (chosen.ended or 0.0) <= horizon
     # derived from the number, never taken from the frame: a frame cannot point us elsewhere
-    return layout.attempt_dir(ws.job_dir(job.placement, job.key), n), collectable
+    return layout.attempt_dir(ws.job_dir(job.placement, job.key), n), n, collectable
 
 
 def first_attempt(
@@ -77,15 +78,18 @@ def read_log(
     (and, for a job that has not started, from its first attempt on)."""
     if follow and attempt is None:
         job = first_attempt(ws, job, interval=interval, on_wait=on_wait)
-    adir, collectable = _chosen(ws, job, attempt)
+    adir, n, collectable = _chosen(ws, job, attempt)
     path = layout.stderr_file(adir) if stderr else layout.stdout_file(adir)
+    # a tidied attempt's output lives beside job.json (protocol.md §10, Tidying)
+    kept = layout.kept_output(ws.job_dir(job.placement, job.key), n, os.path.basename(path))
     while follow and not os.path.exists(path):
         # claimed, its directory made, the launcher not yet run: its files come next
         now = locate_key(ws, job.placement, job.key)
         if now is None or not now.state.is_active:
             break
         time.sleep(min(interval, 0.05))
-    if not os.path.exists(path):
+    fh = _open_first(path, kept)
+    if fh is None:
         if os.path.isdir(adir) or not collectable:
             # it wrote nothing there (its commit removes an empty file, and then the
             # attempt's directory if nothing else was left in it)
@@ -97,7 +101,7 @@ def read_log(
             f"has no files any more ({said})",
             obj=f"attempt {os.path.basename(os.path.dirname(path))} of job {job.key}",
         )
-    with open(path, "rb") as fh:
+    with fh:
         while True:
             chunk = fh.read(65536)
             if chunk:
@@ -112,3 +116,14 @@ def read_log(
                     yield rest
                 return
             time.sleep(interval)
+
+
+def _open_first(*paths: str) -> BinaryIO | None:
+    """The first of `paths` that opens: the attempt's own file, or where tidying moved it
+    (its commit may move it between two looks, never away from both)."""
+    for path in paths:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            continue
+    return None

@@ -379,7 +379,7 @@ def is_attempt_name(name: str) -> bool:
 
 
 def attempt_number(name: str) -> int:
-    """The number of an attempt by its directory name (is_attempt_name holds)."""
+    """The number of an attempt by its name (is_attempt_name holds)."""
     return int(name[1:])
 
 
@@ -388,13 +388,15 @@ def attempt_dir(job_dir: str, n: int) -> str:
     return os.path.join(job_dir, _ATTEMPTS, attempt_name(n))
 
 
+def kept_output(job_dir: str, n: int, name: str) -> str:
+    """aNNNN.stdout / aNNNN.stderr: an output file that tidying moved up (§10)."""
+    return os.path.join(job_dir, f"{attempt_name(n)}.{name}")
+
+
 # -- an attempt directory ----------------------------------------------------------------
 
 #: the published outcome: a directory renamed into place once
 OUTCOME_DIR = "outcome.ready"
-#: an empty outcome.tmp.<nonce>/ the manager made for the runner before protocol 2 (an
-#: older bash API may still publish from one it makes itself)
-OUTCOME_STAGING = "outcome.tmp.flow"
 #: the outcome written in place by the runner itself (protocol 2, §10): one JSON object
 #: on one line, created exclusively; whole only when it ends in a newline
 OUTCOME_LINE = "outcome.line"
@@ -448,11 +450,6 @@ def outcome_line(attempt_dir: str) -> str:
 def outcome_again(attempt_dir: str) -> str:
     """Beside outcome.line: what a second publication was (the job fails)."""
     return os.path.join(attempt_dir, OUTCOME_AGAIN)
-
-
-def outcome_staging(attempt_dir: str) -> str:
-    """The empty outcome directory made for the runner."""
-    return os.path.join(attempt_dir, OUTCOME_STAGING)
 
 
 def outcome_tmp(attempt_dir: str, nonce: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
+from helpers import attempt_output
 from manager.support import PRELUDE, Managers, dump, job
 
 from httk_flow.cli.main import cli
@@ -45,7 +46,7 @@ def refused(runner: CliRunner, root: str, *args: str) -> str:
 
 
 def output(root: str, jid: str, n: int = 1) -> str:
-    return (job(root, jid).job_dir(root) / "attempts" / f"a{n:04d}" / "stdout").read_text()
+    return attempt_output(job(root, jid).job_dir(root), n)
 
 
 def bash_app(base: Path) -> Path:
@@ -151,8 +152,8 @@ def test_a_bundled_parents_children_run_inside_its_bundle(
     assert managers.run(root) == 0, dump(root)
     stored = layout.bundle_dir(root, scan(str(src)).digest)
     assert output(root, jid, 2) == f"parent in {stored}\n"
-    kids = list(job(root, jid).job_dir(root).glob("kid--*/attempts/a0001/stdout"))
-    assert [k.read_text() for k in kids] == [f"kid in {stored}\n"]
+    kids = list(job(root, jid).job_dir(root).glob("kid--*/job.json"))
+    assert [attempt_output(k.parent, 1) for k in kids] == [f"kid in {stored}\n"]
 
 
 def test_what_a_bundle_refuses_is_said_plainly(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from helpers import attempt_output
 
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
@@ -56,7 +57,7 @@ def test_a_command_not_on_the_path_of_the_attempt_fails_at_once(
         "the command 'flow_no_such_command_x' was not found on the attempt's PATH; "
         "it was not retried"
     )
-    err = (job(root, jid).job_dir(root) / "attempts" / "a0001" / "stderr").read_text()
+    err = attempt_output(job(root, jid).job_dir(root), 1, "stderr")
     assert err == "flow: the program flow_no_such_command_x was not found\n"
     shown = flow("show", "-w", root, jid).stdout
     assert "failure     program_not_found: the command 'flow_no_such_command_x'" in shown

@@ -3,7 +3,6 @@ attempt, live attempts, persistent workdirs and every job's history stay."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -33,12 +32,24 @@ def human(n: int) -> str:
     return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
 
 
+def attempt_paths(flow: Flow, job: dict[str, str], name: str) -> set[str]:
+    """What attempt `name` of a job left: its directory, or the output its commit's
+    tidying moved up beside job.json (aNNNN.stdout, aNNNN.stderr)."""
+    jdir = flow.job_dir(job)
+    found = {str(p) for p in jdir.glob(f"{name}.std*")}
+    if (jdir / "attempts" / name).is_dir():
+        found.add(str(jdir / "attempts" / name))
+    return found
+
+
 def attempts(flow: Flow, job: dict[str, str]) -> list[str]:
-    """The attempt directories left (one that printed nothing is tidied at its commit)."""
-    try:
-        return sorted(os.listdir(flow.job_dir(job) / "attempts"))
-    except FileNotFoundError:
-        return []
+    """The attempts that left files (one that printed nothing is tidied away)."""
+    jdir = flow.job_dir(job)
+    names = (
+        {p.name for p in (jdir / "attempts").glob("a*")} if (jdir / "attempts").is_dir() else set()
+    )
+    names |= {p.name.partition(".")[0] for p in jdir.glob("a*.std*")}
+    return sorted(names)
 
 
 def orphan_segment(root: str) -> Path:
@@ -72,12 +83,9 @@ def test_gc_keeps_the_last_attempt_live_attempts_workdirs_and_every_history(
     assert flow.state("slow") == "running"
     seg = orphan_segment(flow.root)
     assert attempts(flow, three) == ["a0001", "a0002", "a0003"]
-    three_attempts = flow.job_dir(three) / "attempts"
-    expected = {
-        ("attempt", str(three_attempts / "a0001")),
-        ("attempt", str(three_attempts / "a0002")),
-        ("journal_segment", str(seg)),
-    }
+    earlier = attempt_paths(flow, three, "a0001") | attempt_paths(flow, three, "a0002")
+    assert len(earlier) >= 2, earlier
+    expected = {("attempt", p) for p in earlier} | {("journal_segment", str(seg))}
     n_segments = len(list((Path(flow.root) / ".flow" / "journal").glob("*/*.jsonl")))
 
     dry = flow.json("gc", "--dry-run")
@@ -90,7 +98,8 @@ def test_gc_keeps_the_last_attempt_live_attempts_workdirs_and_every_history(
         f"would collect: {i['kind']} {i['path']} ({human(i['bytes'])})" for i in dry["collected"]
     )
     assert out[-1] == (
-        f"would collect 3 item(s), {human(dry['bytes'])}; kept {n_segments - 1} journal segment(s)"
+        f"would collect {len(expected)} item(s), {human(dry['bytes'])}; "
+        f"kept {n_segments - 1} journal segment(s)"
     )
     assert attempts(flow, three) == ["a0001", "a0002", "a0003"] and seg.exists()
 
@@ -117,11 +126,12 @@ def test_gc_keeps_the_last_attempt_live_attempts_workdirs_and_every_history(
     assert flow("fsck").exit_code == 0
 
     [manager] = flow.json("managers", "--all")["managers"]
+    slow_first = attempt_paths(flow, slow, "a0001")
+    assert slow_first, "its first attempt failed with output"
     again = flow.json("gc")
     assert {(i["kind"], i["path"]) for i in again["collected"]} == {
-        ("attempt", str(flow.job_dir(slow) / "attempts" / "a0001")),
-        ("manager", str(Path(flow.root) / ".flow" / "managers" / manager["id"])),
-    }
+        ("attempt", p) for p in slow_first
+    } | {("manager", str(Path(flow.root) / ".flow" / "managers" / manager["id"]))}
     assert flow("fsck").exit_code == 0
 
 

@@ -1,7 +1,8 @@
 """A committed attempt is tidied: what holds nothing the journal does not goes at its
 commit (context.json, outcome.line, outcome.ready/, empty output, then empty directories),
-so a finished job that printed nothing is three inodes; output is kept and `flow logs`
-reads it back; `flow init --keep-attempt-files` keeps everything."""
+so a finished job that printed nothing is three inodes, and one that printed is five (its
+output moved up beside job.json); `flow logs` reads it back; `flow init
+--keep-attempt-files` keeps everything."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def test_output_is_kept_and_every_step_is_tidied(
         assert flow.ok("logs", "--stderr", job["key"]) == "a warning\n"
         # the two silent steps left nothing; their attempts' output reads as empty
         assert flow.ok("logs", "--attempt", "1", job["key"]) == ""
-    kept = ["attempts", "attempts/a0003", "attempts/a0003/stderr", "attempts/a0003/stdout"]
+    # what the last step printed moved up beside job.json: five inodes with the marker
+    kept = ["a0003.stderr", "a0003.stdout"]
     assert inodes(flow.job_dir(plain)) == sorted([".", "job.json", *kept])
     assert inodes(flow.job_dir(isolated)) == sorted([".", "job.json", *kept])
     # a workdir the program wrote to stays, with what it wrote
@@ -107,14 +109,17 @@ def test_output_that_a_leftover_process_may_still_write_to_is_kept(
     job = flow.submit(write_program(scripts, "leaves.sh", LEAVES))
     assert managers.run(flow.root) == 0
     assert flow.state(job["key"]) == "succeeded"
-    # the group's sleeper was there at the end: its (empty) output files stay
+    # the group's sleeper was there at the end: what it may still use stays (its output
+    # files, even empty, its context, the workdir)
     assert inodes(flow.job_dir(job)) == [
         ".",
         "attempts",
         "attempts/a0001",
+        "attempts/a0001/context.json",
         "attempts/a0001/stderr",
         "attempts/a0001/stdout",
         "job.json",
+        "run",
     ]
 
 
@@ -169,3 +174,42 @@ def test_a_default_workspace_does_not_name_the_new_policy_key(root: str) -> None
     # so a manager of the previous revision still opens it (it refuses unknown keys)
     policy = orjson.loads((Path(root) / ".flow" / "format.json").read_bytes())["policy"]
     assert "keep_attempt_files" not in policy
+
+
+#: outcomes whose file holds more than the frames: one that is no outcome at all, and one
+#: whose message is longer than the frames keep
+BAD_LINE = """#!/bin/sh
+printf '{"action":"succeed","message":"x","bogus":\\n' >"$FLOW_CONTROL_DIR/outcome.line"
+"""
+LONG = '#!/usr/bin/env bash\nsource "$FLOW_BASH_API"\nflow_steps main\n'
+LONG += 'step_main() { flow_succeed "$(printf "%05000d" 7)"; }\nflow_main "$@"\n'
+
+#: leaves a process in its group that, on TERM, still writes into the workdir
+CHECKPOINTS = """#!/bin/bash
+( trap 'sleep 0.3; echo ckpt >ckpt' TERM; while :; do sleep 0.1; done ) &
+exit 0
+"""
+
+
+def test_an_outcome_the_frames_do_not_hold_whole_is_kept(
+    flow: Flow, scripts: Path, managers: Managers
+) -> None:
+    bad = flow.submit("--retries", "0", write_program(scripts, "bad.sh", BAD_LINE))
+    long = flow.submit(write_program(scripts, "long.sh", LONG))
+    assert managers.run(flow.root) == 1  # the bad one failed
+    assert flow.show(bad["key"])["failure"]["code"] == "protocol_error"
+    line = flow.job_dir(bad) / "attempts" / "a0001" / "outcome.line"
+    assert line.read_bytes() == b'{"action":"succeed","message":"x","bogus":\n'
+    assert flow.state(long["key"]) == "succeeded"
+    kept = flow.job_dir(long) / "attempts" / "a0001" / "outcome.line"
+    assert orjson.loads(kept.read_bytes())["message"] == "0" * 4999 + "7"
+    assert not (flow.job_dir(long) / "attempts" / "a0001" / "context.json").exists()
+
+
+def test_a_workdir_a_leftover_process_still_works_in_is_kept(
+    flow: Flow, scripts: Path, managers: Managers
+) -> None:
+    job = flow.submit(write_program(scripts, "ckpt.sh", CHECKPOINTS))
+    assert managers.run(flow.root, "--kill-grace", "5s") == 0
+    assert (flow.job_dir(job) / "run" / "ckpt").read_text() == "ckpt\n"
+    assert flow.ok("logs", "--stderr", job["key"]) == ""

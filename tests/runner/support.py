@@ -121,10 +121,12 @@ class Job:
         ]
 
     def stderr(self) -> str:
+        """Every attempt's stderr, in order: in its directory, or where its commit's
+        tidying moved it (aNNNN.stderr beside job.json)."""
+        paths = [d / "stderr" for d in self.attempt_dirs()]
+        paths += list(self.dir.glob("a*.stderr"))
         return "".join(
-            (d / "stderr").read_text(errors="replace")
-            for d in self.attempt_dirs()
-            if (d / "stderr").exists()
+            p.read_text(errors="replace") for p in sorted(paths, key=lambda p: str(p)) if p.exists()
         )
 
     def describe(self) -> str:
