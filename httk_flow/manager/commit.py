@@ -18,6 +18,7 @@ from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.tidy import Tidy
+from httk_flow.protocol import staging
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Result, Snapshot
@@ -152,6 +153,9 @@ class Committer:
             evidence=evidence,
         )
         mine = transition(self.ws, job, State.COMMITTING, body, actor=self.actor, note="taken over")
+        # a holder that died registering children left its staging directories: no live
+        # submitter owns them, and nobody else would remove them (staging.removable)
+        staging.sweep(self.ws.tmp, self.clock())
         return self.finish_recorded(mine, body)
 
     def finish_recorded(self, mine: JobHandle, body: Body) -> JobHandle:
