@@ -10,6 +10,7 @@ has waited RESERVE_AFTER, and from then on what it needs is kept back as it free
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from httk_flow.errors import FlowError, TransitionConflict
@@ -17,10 +18,11 @@ from httk_flow.manager.commit import is_transient
 from httk_flow.manager.passes import PassContext
 from httk_flow.manager.slots import RESERVE_AFTER, Binding, Slots
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import AttemptRecord, Body, Frame
 from httk_flow.protocol.jobs import fail, load_spec
 from httk_flow.protocol.jobspec import JobSpec
-from httk_flow.protocol.names import attempt_name
+from httk_flow.protocol.names import attempt_name, marker_service
 from httk_flow.protocol.resources import DEFAULT_REQUEST, Request
 from httk_flow.protocol.services import ServiceRegistry
 from httk_flow.protocol.states import State
@@ -77,8 +79,12 @@ class ClaimPass:
         reserve_after: float = RESERVE_AFTER,
     ) -> None:
         self.ctx = ctx
-        self.stream = ctx.stream(State.READY)
         self.pools, self.caps = pools, caps
+        #: service class id -> whether its pool and capabilities are ours (by name alone)
+        self._ours: dict[str, bool] = {}
+        # other pools' markers are passed by at the cost of a string search each, and a
+        # pass that found none of ours rests: a foreign backlog costs an idle scan little
+        self.stream = ctx.stream(State.READY, names=self.wants_name)
         self.ends_at = ends_at
         self.depth_first = order != "breadth"
         self.registry = ServiceRegistry(ctx.ws)
@@ -99,6 +105,24 @@ class ClaimPass:
         self.too_big: dict[str, str] = {}
         #: the request of the job that keeps back what it needs (None: none waits so long)
         self.reserving: Request | None = None
+
+    def wants_name(self, name: str) -> bool:
+        """Whether a marker name may be of a job this manager serves, from its class field
+        alone: False only for a known class of a pool or capabilities not ours (an unknown
+        or unreadable class passes, so `serves` reports it)."""
+        cid = marker_service(name)
+        ours = self._ours.get(cid)
+        if ours is None:
+            sc = self.registry.get(cid)
+            if sc is None:
+                return True
+            ours = self._ours[cid] = sc.served_by(self.pools, self.caps)
+        return ours
+
+    def ready(self, places: tuple[str, ...]) -> Iterator[JobHandle]:
+        """Ready jobs under `places` whose names say they may be ours (see wants_name):
+        what an idle check or a leftover count walks instead of every ready marker."""
+        return walk_all(self.ctx.ws, State.READY, places, names=self.wants_name)
 
     def serves(self, h: JobHandle) -> bool:
         sc = self.registry.get(h.marker.service)

@@ -61,7 +61,15 @@ class PassContext:
             self.reported.add((key, message))
             self.log.problem(key, message)
 
-    def stream(self, state: State, rest: float = 0.5, rest_always: bool = False) -> MarkerStream:
+    def stream(
+        self,
+        state: State,
+        rest: float = 0.5,
+        rest_always: bool = False,
+        names: Callable[[str], bool] | None = None,
+    ) -> MarkerStream:
+        """A manager's stream: it retires the empty directories it walks (ext4 never
+        shrinks them, and an idle manager would reread their empty blocks forever)."""
         return MarkerStream(
             self.ws,
             state,
@@ -69,6 +77,8 @@ class PassContext:
             on_bad=lambda path, why: self.report_once(path, why),
             rest=rest,
             rest_always=rest_always,
+            names=names,
+            retire=True,
         )
 
 

@@ -22,10 +22,11 @@ from httk_flow.ops.fit import (
 from httk_flow.ops.managers import DeadHold, ManagerView, look
 from httk_flow.ops.select import Selection, matcher
 from httk_flow.protocol import requests
-from httk_flow.protocol.discovery import count_markers, walk_all
+from httk_flow.protocol.discovery import count_markers, tally_markers, walk_all
 from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.leases import Liveness, read_managers
 from httk_flow.protocol.maintenance import read_lock
+from httk_flow.protocol.names import from36, marker_service
 from httk_flow.protocol.services import ServiceRegistry
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
@@ -120,9 +121,19 @@ def workspace_status(
     keep = matcher(ws, sel) if sel is not None and sel.filters_but_all else None
     registry = ServiceRegistry(ws)
     group_names = GroupRegistry(ws)
+    # by state, only counts are shown: ready jobs are counted by name too, and walked
+    # (for the time fit's sample) only for classes a live manager with an end serves
+    by_name = by == "state" and keep is None and not submitted_times
     for st in State:
         walk = st is State.READY or (st is State.SUBMITTED and submitted_times)
         if keep is not None and sel is not None and sel.states and st not in sel.states:
+            continue
+        if st is State.READY and by_name:
+            for (nb, cid), n in tally_markers(ws, st).items():
+                counts[st] += n
+                waiting_classes[cid or ""] += n
+                if nb is not None and from36(nb) > wall:
+                    backoff += n
             continue
         if by == "state" and not walk and keep is None:
             # only names are needed here: count them without building a handle each
@@ -162,6 +173,13 @@ def workspace_status(
         caps[cid] = capacity(live, sc, wall) if sc is not None else None
     # job.json is read only where a live manager's end could be too near for a job
     fit = {cid for cid, cap in caps.items() if cap is not None and cap.longest is not None}
+    if by_name:
+        if fit:
+            for h in walk_all(ws, State.READY, names=lambda name: marker_service(name) in fit):
+                ready_look.see(h)
+        for cid, n in waiting_classes.items():
+            # a class not walked (or whose jobs all moved on since they were counted)
+            ready_look.by.setdefault(cid, QueueTimes(n))
     ready_times = ready_look.finish(None if submitted_times else fit)
     blocked: list[tuple[str, int]] = []
     details: dict[str, dict[str, object]] = {}

@@ -6,19 +6,25 @@ stopped; a full cycle visits every placement. Nothing is listed whole or sorted.
 
 from __future__ import annotations
 
+import operator
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, Final
 
-from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.fsio import fs, retire_dir
 from httk_flow.protocol.handles import JobHandle
-from httk_flow.protocol.names import MARKER_RE, Marker
+from httk_flow.protocol.names import MARKER_RE, MARKER_TALLY_RE, Marker
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
 #: how many entries pass between two calls of the heartbeat hook
 HEARTBEAT_EVERY = 512
+#: an empty state directory at least this large is removed by a retiring walk: ext4 never
+#: shrinks a directory, and one that held thousands of markers is reread at every cycle
+RETIRE_MIN_BYTES: Final = 16 * 1024
 
 
 @dataclass
@@ -27,15 +33,16 @@ class _Walk:
 
     root: str  # absolute directory of the state kind + prefix
     placement: str  # placement of `root`
-    stack: list[tuple[str, Iterator[os.DirEntry[str]]]] = field(default_factory=list)
+    #: [placement, open listing, entries it gave so far, path] from the root down
+    stack: list[list[Any]] = field(default_factory=list)
     finished: int = 0
     started: float = 0.0  # when the current cycle began
     found: int = 0  # markers found in the current cycle
     rest_until: float = 0.0  # no new cycle before this (monotonic seconds)
 
     def close(self) -> None:
-        for _, it in self.stack:
-            _close(it)
+        for frame in self.stack:
+            _close(frame[1])
         self.stack.clear()
 
 
@@ -52,9 +59,18 @@ class MarkerStream:
         rest: float = 0.0,
         rest_always: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        names: Callable[[str], bool] | None = None,
+        retire: bool = False,
     ) -> None:
         """`rest`: seconds between the starts of two cycles when a cycle found nothing
-        (or always, with `rest_always`), so an idle kind costs nothing between cycles."""
+        (or always, with `rest_always`), so an idle kind costs nothing between cycles.
+
+        `names`: only marker names it accepts are parsed and yielded (and count as found),
+        judged by the name alone (names.marker_service), so other pools' markers cost a
+        string search each. `retire`: directories below a root found empty and large are
+        removed (fsio.retire_dir, protocol.md §1)."""
+        self._names = names
+        self._retire = retire
         self.ws = ws
         self._rest = rest
         self._rest_always = rest_always
@@ -103,15 +119,21 @@ class MarkerStream:
             if it is None:
                 walk.rest_until = now + self._rest
                 return 0, True
-            walk.stack.append((walk.placement, it))
+            walk.stack.append([walk.placement, it, 0, walk.root])
             walk.started, walk.found = now, 0
         visited = 0
+        wanted = self._names
         while walk.stack and visited < budget:
-            placement, it = walk.stack[-1]
+            frame = walk.stack[-1]
+            placement, it = frame[0], frame[1]
             entry = next(it, None)
             if entry is None:
                 walk.stack.pop()
+                if not frame[2] and self._retire and walk.stack:
+                    _close(it)
+                    retire_dir(frame[3], RETIRE_MIN_BYTES)
                 continue
+            frame[2] += 1
             visited += 1
             if heartbeat is not None and visited % HEARTBEAT_EVERY == 0:
                 heartbeat()
@@ -129,7 +151,11 @@ class MarkerStream:
                         self._on_bad(entry.path, f"cannot be listed ({e.strerror})")
                     continue
                 if sub is not None:
-                    walk.stack.append((f"{placement}/{name}" if placement else name, sub))
+                    walk.stack.append(
+                        [f"{placement}/{name}" if placement else name, sub, 0, entry.path]
+                    )
+                continue
+            if wanted is not None and not wanted(name):
                 continue
             marker = Marker.parse_or_none(name)
             if marker is None or not entry.is_file(follow_symlinks=False):
@@ -161,12 +187,19 @@ def _close(it: Iterator[os.DirEntry[str]]) -> None:
         close()
 
 
-def walk_all(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> Iterator[JobHandle]:
-    """Every marker of a kind, streamed in bounded slices (for read-side commands)."""
+def walk_all(
+    ws: Workspace,
+    state: State,
+    prefixes: tuple[str, ...] = (),
+    *,
+    names: Callable[[str], bool] | None = None,
+) -> Iterator[JobHandle]:
+    """Every marker of a kind (of those whose names `names` accepts), streamed in bounded
+    slices (for read-side commands)."""
     # one stream per prefix: a shared stream restarts a short prefix while a long one
     # is still walking, and would yield the short one's markers again
     for prefix in prefixes or ("",):
-        stream = MarkerStream(ws, state, (prefix,))
+        stream = MarkerStream(ws, state, (prefix,), names=names)
         try:
             while stream.cycles < 1:
                 yield from stream.next_batch(4096)
@@ -174,10 +207,9 @@ def walk_all(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> Ite
             stream.close()
 
 
-def count_markers(ws: Workspace, state: State) -> int:
-    """How many marker names of the grammar lie under a state kind (a plain directory walk)."""
-    match = MARKER_RE.fullmatch
-    n = 0
+def _file_names(ws: Workspace, state: State) -> Iterator[list[str]]:
+    """The names of the regular files of each directory under a state kind, a directory
+    at a time (through the seam); a directory that cannot be listed is passed by."""
     stack = [ws.state_dir(state)]
     while stack:
         try:
@@ -185,19 +217,49 @@ def count_markers(ws: Workspace, state: State) -> int:
         except OSError:
             continue
         try:
-            for e in it:
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-                elif match(e.name) is not None and e.is_file(follow_symlinks=False):
-                    n += 1
+            entries = list(it)
+        except OSError:
+            continue
         finally:
             _close(it)
-    return n
+        # comprehensions, not a loop: a million entries pay no per-entry bytecode beyond
+        # these two tests, and a shard holds markers only (subdirectories are rare)
+        files = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+        if len(files) < len(entries):
+            stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        yield files
 
 
-def any_marker(ws: Workspace, state: State, prefixes: tuple[str, ...] = ()) -> bool:
-    """Whether at least one marker lies under a state kind (stops at the first)."""
-    return any(True for _ in walk_all(ws, state, prefixes))
+def count_markers(ws: Workspace, state: State) -> int:
+    """How many marker names of the grammar lie under a state kind (a plain directory walk)."""
+    match = MARKER_RE.fullmatch
+    return sum(len(list(filter(None, map(match, files)))) for files in _file_names(ws, state))
+
+
+_GROUPS: Final = operator.methodcaller("groups")
+
+
+def tally_markers(ws: Workspace, state: State) -> Counter[tuple[str | None, str | None]]:
+    """Markers of the grammar under a state kind, counted by (not-before field, class
+    field) as their names spell them (None: absent): counts by class and backoff with
+    one match per name and no marker built."""
+    match = MARKER_TALLY_RE.fullmatch
+    tally: Counter[tuple[str | None, str | None]] = Counter()
+    for files in _file_names(ws, state):
+        tally.update(map(_GROUPS, filter(None, map(match, files))))
+    return tally
+
+
+def any_marker(
+    ws: Workspace,
+    state: State,
+    prefixes: tuple[str, ...] = (),
+    *,
+    names: Callable[[str], bool] | None = None,
+) -> bool:
+    """Whether at least one marker (that `names` accepts) lies under a state kind (stops
+    at the first)."""
+    return any(True for _ in walk_all(ws, state, prefixes, names=names))
 
 
 def markers_of_placement(

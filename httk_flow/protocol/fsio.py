@@ -11,7 +11,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from httk_flow.errors import UnsafePath
@@ -31,6 +31,17 @@ class FileSystem:
 
     def exists(self, path: str) -> bool:
         return os.path.lexists(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def makedirs(self, path: str) -> bool:
+        """mkdir -p; True when this call made `path` itself (False: something is there)."""
+        try:
+            os.makedirs(path)
+        except FileExistsError:
+            return False
+        return True
 
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         """The directory's entries, as os.scandir gives them (DirEntry, with close()).
@@ -80,6 +91,12 @@ class _Installed(FileSystem):
 
     def exists(self, path: str) -> bool:
         return self.impl.exists(path)
+
+    def rmdir(self, path: str) -> None:
+        self.impl.rmdir(path)
+
+    def makedirs(self, path: str) -> bool:
+        return self.impl.makedirs(path)
 
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         return self.impl.scandir(path)
@@ -151,4 +168,43 @@ def atomic_write(path: str, data: bytes, *, durable: bool, tmp_dir: str | None =
 
 
 def makedirs(path: str) -> None:
-    os.makedirs(path, exist_ok=True)
+    fs.makedirs(path)  # there already is as good as made
+
+
+#: renames tried into a directory retired again and again (protocol.md §4); a retirer
+#: spinning on it with no size floor wins about one try in four here
+RECREATE_TRIES: Final = 32
+
+
+def rename_recreating(src: str, dst: str, on_made: Callable[[str], None] | None = None) -> None:
+    """rename(src, dst), making dst's directory when it is missing and trying again.
+
+    A state shard directory may be removed once empty (protocol.md §1), also between our
+    making it and our rename: so a bounded number of times. ENOENT with the source gone
+    (another actor moved it), and any other error, is the caller's to resolve.
+    `on_made(directory)` checks a directory someone else made before we rename into it
+    (one this call made is a plain directory, and the rename follows at once)."""
+    dst_dir = os.path.dirname(dst)
+    for attempt in range(RECREATE_TRIES):
+        try:
+            fs.rename(src, dst)
+            return
+        except FileNotFoundError:
+            if attempt == RECREATE_TRIES - 1 or not fs.exists(src):
+                raise
+        if not fs.makedirs(dst_dir) and on_made is not None:
+            on_made(dst_dir)
+
+
+def retire_dir(path: str, min_bytes: int) -> bool:
+    """Remove `path` if it is an empty directory of at least `min_bytes` (ext4 never
+    shrinks a directory, so every later listing would reread its empty blocks). rmdir
+    refuses a directory that is not empty, so a name renamed in meanwhile is never lost;
+    a renamer that finds the directory gone makes it again (rename_recreating)."""
+    try:
+        if os.lstat(path).st_size < min_bytes:
+            return False
+        fs.rmdir(path)
+    except OSError:
+        return False  # not empty again, gone already, or not ours to remove
+    return True

@@ -29,6 +29,9 @@ MARKER_RE = re.compile(
     rf"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{{0,12}}))?(?:\.c(?P<cls>[0-9a-z]{{1,16}}))?"
     rf"(?:\.s(?P<grp>[0-9a-z]{{{GROUP_DIGEST_LEN}}}))?(?P<aft>\.a)?\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
 )
+#: the grammar again with only `nb` and `cls` captured (groups() == (nb, cls)): counting by
+#: class and backoff reads these two and nothing else of a name
+MARKER_TALLY_RE = re.compile(re.sub(r"\(\?P<(?!nb>|cls>)\w+>", "(?:", MARKER_RE.pattern))
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _COMPONENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}")
@@ -301,6 +304,20 @@ class Marker:
             group_digest=self.group_digest,
             after=after,
         )
+
+
+def marker_service(name: str) -> str:
+    """The service class field of a marker name ("" = the default class), read without
+    parsing the rest: scans use it to pass by other pools' markers cheaply.
+
+    Only the class field starts with `.c` and is followed by another field (the ref is
+    last and a key holds no dot); a name off the grammar gives an answer that means
+    nothing, so callers still parse the names they keep."""
+    i = name.find(".c")
+    if i < 0:
+        return ""
+    j = name.find(".", i + 2)
+    return "" if j < 0 else name[i + 2 : j]
 
 
 def check_priority(value: int) -> int:

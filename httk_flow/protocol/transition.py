@@ -7,7 +7,6 @@ the actor looks at what really happened and never guesses.
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from httk_flow.errors import FlowError, InvalidName, TransitionConflict
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.discovery import markers_of_placement
 from httk_flow.protocol.frames import Body, Frame
-from httk_flow.protocol.fsio import fs, fsync_dir
+from httk_flow.protocol.fsio import fs, fsync_dir, rename_recreating
 from httk_flow.protocol.handles import JobHandle
 from httk_flow.protocol.names import check_placement
 from httk_flow.protocol.states import State
@@ -104,29 +103,27 @@ _DEPENDENCY_STATES = frozenset({State.SUBMITTED, State.WAITING, State.PAUSED})
 
 
 def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
-    """Rename old -> new, creating the target directory once, resolving any error."""
+    """Rename old -> new, making the target directory when missing, resolving any error."""
     src, dst = old.path(ws), new.path(ws)
     dst_dir = os.path.dirname(dst)
     ws.check_state_dir(dst_dir)
     try:
-        fs.rename(src, dst)
+        # the first job of this placement in this state, or a directory retired once
+        # empty (§1): it is made again and the rename tried again
+        rename_recreating(src, dst, lambda d: ws.check_state_dir(d, again=True))
     except OSError as e:
-        if e.errno == errno.ENOENT:
-            # perhaps the first job of this placement in this state: make the directory
-            # (another actor may be making it too) and try once more; a source that is
-            # really gone fails again and is resolved below
-            os.makedirs(dst_dir, exist_ok=True)
-            ws.check_state_dir(dst_dir, again=True)
-            try:
-                fs.rename(src, dst)
-            except OSError as e2:
-                _resolve(ws, old, new, e2)
-        else:
-            _resolve(ws, old, new, e)
+        _resolve(ws, old, new, e)
     if ws.policy.durable:
-        fsync_dir(dst_dir)
+        _fsync_state_dir(dst_dir)
         if os.path.dirname(src) != dst_dir:
-            fsync_dir(os.path.dirname(src))
+            _fsync_state_dir(os.path.dirname(src))
+
+
+def _fsync_state_dir(path: str) -> None:
+    try:
+        fsync_dir(path)
+    except FileNotFoundError:
+        pass  # emptied meanwhile and retired: its removal is on disk in its parent
 
 
 def _resolve(ws: Workspace, old: JobHandle, new: JobHandle, err: OSError) -> None:

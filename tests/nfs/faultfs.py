@@ -193,9 +193,20 @@ def markers_only(src: str, dst: str) -> bool:
 
 @dataclass
 class Recorder(FileSystem):
-    """Plain operations, remembering every directory listed (to see what uses the seam)."""
+    """Plain operations, remembering every directory listed, removed and made (to see
+    what uses the seam)."""
 
     listed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)
+
+    def rmdir(self, path: str) -> None:
+        self.removed.append(path)
+        super().rmdir(path)
+
+    def makedirs(self, path: str) -> bool:
+        self.made.append(path)
+        return super().makedirs(path)
 
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         self.listed.append(path)
