@@ -96,7 +96,7 @@ def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftov
     (a manager stops idle only once its join scan went round: a join left is stuck)."""
     unfit, unclaimable, need, oversize, why = 0, 0, 0.0, 0, ""
     still: set[str] = set()
-    for h in walk_all(ws, State.READY, places):
+    for h in claim.ready(places):
         if not claim.serves(h):
             too_big = claim.oversize(h)
             if too_big is not None:
@@ -110,9 +110,10 @@ def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftov
             need = max(need, n)
             still.add(h.key)
     claim.forget_unfit(still)
-    paused = sum(1 for h in walk_all(ws, State.PAUSED, places) if claim.serves(h))
+    ours = claim.wants_name  # other pools' paused and waiting jobs pass by their names
+    paused = sum(1 for h in walk_all(ws, State.PAUSED, places, names=ours) if claim.serves(h))
     waiting = after = 0
-    for h in walk_all(ws, State.WAITING, places):
+    for h in walk_all(ws, State.WAITING, places, names=ours):
         if claim.serves(h):
             if h.marker.after:
                 after += 1

@@ -30,7 +30,7 @@ from httk_flow.manager.passes import PassContext, RecoveryPass, RegisterPass
 from httk_flow.manager.slots import Slots
 from httk_flow.protocol import layout
 from httk_flow.protocol.children import child_states
-from httk_flow.protocol.discovery import any_marker, walk_all
+from httk_flow.protocol.discovery import any_marker
 from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.leases import (
     FsClock,
@@ -474,7 +474,7 @@ class Manager:
             h.key not in self.claim.unclaimable
             and not self.claim.too_long_for_us(h.key)
             and self.claim.serves(h)
-            for h in walk_all(self.ws, State.READY, self.config.placements)
+            for h in self.claim.ready(self.config.placements)
         )
 
     def _leftover(self) -> Leftover:
