@@ -11,6 +11,9 @@
   finished (`--finished`). Before each side, every emptied state directory is grown again to
   the size the run left it (names made and removed), so both trees start from the same
   directories: a manager of the new tree removes them.
+  `--as-if N`: the submitted and ready directories are first grown as N registrations
+  leave them (N/256 marker-long names each, made and removed), so a workspace where a
+  thousand jobs ran stands for one where N did.
 - status: `flow status` wall time in each `--status` workspace.
 """
 
@@ -72,6 +75,20 @@ def regrow(ws: str, sizes: dict[str, int]) -> None:
             os.unlink(p)
 
 
+def grow_as_if(ws: str, jobs: int) -> None:
+    """Grow the submitted and ready shard directories as `jobs` registrations leave them."""
+    per_shard = max(1, jobs // 256)
+    name = "0" * 32 + ".p500.g1.w1m2n3o4p5q6-0-0"  # as long as a marker name
+    for kind in ("submitted", "ready"):
+        for i in range(256):
+            d = os.path.join(ws, ".flow", "state", kind, "jobs", f"{i:02x}")
+            os.makedirs(d, exist_ok=True)
+            for k in range(per_shard):
+                p = os.path.join(d, f"{k:06d}{name}")
+                open(p, "x").close()
+                os.unlink(p)
+
+
 def emptied_dirs(ws: str) -> dict[str, int]:
     out = {}
     for kind in ACTIVE:
@@ -110,6 +127,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--idle-seconds", type=float, default=20.0)
+    ap.add_argument("--as-if", type=int, default=0, help="grow --finished as N jobs leave it")
     a = ap.parse_args()
     trees = {"base": a.base, "new": a.new}
     if a.pool_b:
@@ -129,6 +147,8 @@ def main() -> None:
         for name, r in ratios.items():
             print(f"pool {name}: median ratio beside/empty {statistics.median(r):.2f}")
     if a.finished:
+        if a.as_if:
+            grow_as_if(a.finished, a.as_if)
         sizes = emptied_dirs(a.finished)
         print(
             f"idle: {len(sizes)} emptied directories, {sum(sizes.values()) // 1024} KiB", flush=True

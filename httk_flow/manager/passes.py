@@ -69,7 +69,8 @@ class PassContext:
         names: Callable[[str], bool] | None = None,
     ) -> MarkerStream:
         """A manager's stream: it retires the empty directories it walks (ext4 never
-        shrinks them, and an idle manager would reread their empty blocks forever)."""
+        shrinks them, and an idle manager would reread their empty blocks forever) and
+        stats, rather than lists, those that stay empty."""
         return MarkerStream(
             self.ws,
             state,
@@ -79,6 +80,7 @@ class PassContext:
             rest_always=rest_always,
             names=names,
             retire=True,
+            remember=True,
         )
 
 

@@ -27,13 +27,76 @@ HEARTBEAT_EVERY = 512
 RETIRE_MIN_BYTES: Final = 16 * 1024
 
 
+#: a directory's identity and change times: any name renamed in or out changes them
+_Signature = tuple[int, int, int]
+#: seconds between seeing a directory empty and confirming it, so that a name renamed in
+#: within the same timestamp tick as our first look (which leaves mtime alone) is seen
+SETTLE: Final = 1.0
+#: every this many cycles a remembering walk lists every directory again (a clock that
+#: stepped back, or a filesystem whose times do not move, delays a marker this long at most)
+RELIST_EVERY: Final = 16
+#: directories remembered per stream (a million child placements must not fill memory)
+REMEMBER_MAX: Final = 65536
+
+
+def _signature(st: os.stat_result) -> _Signature:
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class _QuietDirs:
+    """Directories below a root seen empty twice, SETTLE apart, with the same signature:
+    the next cycles stat them (one syscall) instead of listing them (five), until their
+    signature changes. Renaming a name into a directory changes its mtime and ctime."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        #: path -> (signature, when first seen empty with it, confirmed)
+        self._seen: dict[str, tuple[_Signature, float, bool]] = {}
+
+    def unchanged(self, path: str) -> bool:
+        """Whether `path` is a confirmed empty directory still as it was (no listing needed)."""
+        rec = self._seen.get(path)
+        if rec is None or not rec[2]:
+            return False
+        try:
+            st = os.lstat(path)
+        except OSError:
+            del self._seen[path]
+            return False
+        if _signature(st) == rec[0]:
+            return True
+        del self._seen[path]
+        return False
+
+    def empty(self, path: str, listed_at: float, retire: bool) -> None:
+        """`path` was listed (from `listed_at` on) and held nothing."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            self._seen.pop(path, None)
+            return
+        if retire and retire_dir(path, RETIRE_MIN_BYTES, st):
+            self._seen.pop(path, None)
+            return
+        sig = _signature(st)
+        rec = self._seen.get(path)
+        if rec is not None and rec[0] == sig:
+            if not rec[2] and listed_at - rec[1] >= SETTLE:
+                self._seen[path] = (sig, rec[1], True)
+        elif rec is not None or len(self._seen) < REMEMBER_MAX:
+            self._seen[path] = (sig, self._clock(), False)
+
+    def forget(self, path: str) -> None:
+        self._seen.pop(path, None)
+
+
 @dataclass
 class _Walk:
     """A depth-first walk of one placement root with its open directory iterators."""
 
     root: str  # absolute directory of the state kind + prefix
     placement: str  # placement of `root`
-    #: [placement, open listing, entries it gave so far, path] from the root down
+    #: [placement, open listing, entries it gave so far, path, when listed] from the root
     stack: list[list[Any]] = field(default_factory=list)
     finished: int = 0
     started: float = 0.0  # when the current cycle began
@@ -61,6 +124,7 @@ class MarkerStream:
         clock: Callable[[], float] = time.monotonic,
         names: Callable[[str], bool] | None = None,
         retire: bool = False,
+        remember: bool = False,
     ) -> None:
         """`rest`: seconds between the starts of two cycles when a cycle found nothing
         (or always, with `rest_always`), so an idle kind costs nothing between cycles.
@@ -68,7 +132,10 @@ class MarkerStream:
         `names`: only marker names it accepts are parsed and yielded (and count as found),
         judged by the name alone (names.marker_service), so other pools' markers cost a
         string search each. `retire`: directories below a root found empty and large are
-        removed (fsio.retire_dir, protocol.md §1)."""
+        removed (fsio.retire_dir, protocol.md §1). `remember`: directories below a root
+        found empty and unchanged are stat'ed instead of listed (_QuietDirs), all but every
+        RELIST_EVERY-th cycle: an idle manager's scans cost one syscall per directory."""
+        self._quiet = _QuietDirs(clock) if remember else None
         self._names = names
         self._retire = retire
         self.ws = ws
@@ -119,19 +186,27 @@ class MarkerStream:
             if it is None:
                 walk.rest_until = now + self._rest
                 return 0, True
-            walk.stack.append([walk.placement, it, 0, walk.root])
+            walk.stack.append([walk.placement, it, 0, walk.root, now])
             walk.started, walk.found = now, 0
         visited = 0
         wanted = self._names
+        quiet = self._quiet
+        skip_quiet = walk.finished % RELIST_EVERY != RELIST_EVERY - 1
         while walk.stack and visited < budget:
             frame = walk.stack[-1]
             placement, it = frame[0], frame[1]
             entry = next(it, None)
             if entry is None:
                 walk.stack.pop()
-                if not frame[2] and self._retire and walk.stack:
-                    _close(it)
-                    retire_dir(frame[3], RETIRE_MIN_BYTES)
+                if not frame[2] and walk.stack:
+                    if quiet is not None:
+                        _close(it)
+                        quiet.empty(frame[3], frame[4], self._retire)
+                    elif self._retire:
+                        _close(it)
+                        retire_dir(frame[3], RETIRE_MIN_BYTES)
+                elif quiet is not None and frame[2]:
+                    quiet.forget(frame[3])
                 continue
             frame[2] += 1
             visited += 1
@@ -143,6 +218,8 @@ class MarkerStream:
             except OSError:
                 continue
             if is_dir:
+                if skip_quiet and quiet is not None and quiet.unchanged(entry.path):
+                    continue
                 try:
                     sub = _scandir(entry.path)
                 except OSError as e:
@@ -152,7 +229,13 @@ class MarkerStream:
                     continue
                 if sub is not None:
                     walk.stack.append(
-                        [f"{placement}/{name}" if placement else name, sub, 0, entry.path]
+                        [
+                            f"{placement}/{name}" if placement else name,
+                            sub,
+                            0,
+                            entry.path,
+                            self._clock() if quiet is not None else 0.0,
+                        ]
                     )
                 continue
             if wanted is not None and not wanted(name):

@@ -196,13 +196,14 @@ def rename_recreating(src: str, dst: str, on_made: Callable[[str], None] | None 
             on_made(dst_dir)
 
 
-def retire_dir(path: str, min_bytes: int) -> bool:
+def retire_dir(path: str, min_bytes: int, st: os.stat_result | None = None) -> bool:
     """Remove `path` if it is an empty directory of at least `min_bytes` (ext4 never
     shrinks a directory, so every later listing would reread its empty blocks). rmdir
     refuses a directory that is not empty, so a name renamed in meanwhile is never lost;
-    a renamer that finds the directory gone makes it again (rename_recreating)."""
+    a renamer that finds the directory gone makes it again (rename_recreating). `st`: its
+    lstat, when the caller has just taken it."""
     try:
-        if os.lstat(path).st_size < min_bytes:
+        if (st or os.lstat(path)).st_size < min_bytes:
             return False
         fs.rmdir(path)
     except OSError:
