@@ -386,3 +386,24 @@ def test_an_input_without_a_file_name_is_refused(
     monkeypatch.chdir(tmp_path / "sub")
     with pytest.raises(UsageError):
         submitter.build(SubmitRequest(program="true", inputs=[given]))
+
+
+def test_a_request_like_the_last_is_checked_again_when_anything_but_its_id_differs(
+    submitter: Submitter,
+) -> None:
+    """Array members reuse the last request's checks; a request of another shape (or
+    the same object changed in place after it was built) is checked in full."""
+    req = SubmitRequest("/bin/true", params={"x": "fine"}, args=["a"])
+    for i in range(3):
+        submitter.build(req.but(array_index=i))
+    req.params["x"] = "bad\0"  # the very dict the last build saw
+    with pytest.raises(UsageError, match="NUL"):
+        submitter.build(req.but(array_index=3))
+    req.params["x"] = "fine"
+    with pytest.raises(InvalidName):
+        submitter.build(req.but(array_index=4, pool="no such/pool"))
+    with pytest.raises(UsageError):
+        submitter.build(req.but(array_index=5, retries=-1))
+    spec = submitter.build(req.but(array_index=6, job_id="0" * 32))
+    assert (spec.id, spec.array_index, spec.params) == ("0" * 32, 6, {"x": "fine"})
+    assert spec.placement == names.default_placement("0" * 32)

@@ -133,9 +133,7 @@ def submit_bulk(
 def _in_group(plan: BatchPlan, group: str) -> BatchPlan:
     """Every job of the batch in `group`, but for lines that name their own."""
     make = plan.make
-    return dataclasses.replace(
-        plan, make=lambda: (dataclasses.replace(r, group=r.group or group) for r in make())
-    )
+    return dataclasses.replace(plan, make=lambda: (r.but(group=r.group or group) for r in make()))
 
 
 def _with_sets(plan: BatchPlan, sets: BatchSets) -> BatchPlan:
@@ -146,9 +144,7 @@ def _with_sets(plan: BatchPlan, sets: BatchSets) -> BatchPlan:
     if not reals:
         return plan
     make = plan.make
-    return dataclasses.replace(
-        plan, make=lambda: (dataclasses.replace(r, after=reals[r.after]) for r in make())
-    )
+    return dataclasses.replace(plan, make=lambda: (r.but(after=reals[r.after]) for r in make()))
 
 
 def _resumed(result: BulkResult, plan: BatchPlan) -> str:

@@ -200,7 +200,7 @@ def run_batch(
     if progress is not None and skip:
         progress(skip)
     reqs = (
-        dataclasses.replace(req, job_id=batch_job_id(plan.key, i))
+        req.but(job_id=batch_job_id(plan.key, i))
         for i, req in enumerate(itertools.islice(plan.make(), skip, None), skip)
     )
     aborted = stopped = False

@@ -126,7 +126,7 @@ def _first_duplicate(ranges: list[range]) -> int | None:
 def array_requests(base: SubmitRequest, indices: Iterable[range]) -> Iterator[SubmitRequest]:
     for r in indices:
         for i in r:
-            yield dataclasses.replace(base, array_index=i, params=dict(base.params))
+            yield base.but(array_index=i, params=dict(base.params))
 
 
 def jsonl_requests(
@@ -161,7 +161,7 @@ def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
             obj=obj,
             hint=f"allowed: {' '.join(sorted(LINE_KEYS))}",
         )
-    req = dataclasses.replace(base, params=dict(base.params), origin=obj)
+    req = base.but(params=dict(base.params), origin=obj)
     try:
         if RESOURCE_KEYS & data.keys():
             req.resources = _resources(data, base.resources, obj)

@@ -47,6 +47,9 @@ class GroupRegistry:
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
         self._by_digest: dict[str, GroupRecord | None] = {}
+        #: names whose record this process has seen or written (bulk submission
+        #: publishes the group once per job)
+        self._published: dict[str, str] = {}
 
     def check(self, name: str) -> str:
         """The digest of `name`; UsageError when the registry holds another name under it."""
@@ -63,14 +66,19 @@ class GroupRegistry:
 
     def publish(self, name: str, *, by: str = "submit") -> str:
         """Register `name` (once) and return its digest; refuses a digest collision."""
+        known = self._published.get(name)
+        if known is not None:
+            return known
         digest = self.check(name)
         if self._by_digest.get(digest) is not None:
+            self._published[name] = digest  # check() found it under this very name
             return digest
         rec = GroupRecord(name, digest, round(time.time(), 3), by)
         path = layout.group_file(self.ws.root, digest)
         self.ws.ensure_dir(layout.groups_dir(self.ws.root))
         atomic_write(path, orjson.dumps(rec.to_json()), durable=self.ws.policy.durable)
         self._by_digest[digest] = rec
+        self._published[name] = digest
         return digest
 
     def get(self, digest: str) -> GroupRecord | None:

@@ -6,7 +6,6 @@ reader counts as a job: the marker is created last, and only ever once.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import time
@@ -21,7 +20,7 @@ from httk_flow.protocol.after import After, DependencySets
 from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Frame, Snapshot
-from httk_flow.protocol.fsio import fs, fsync_dir, write_file
+from httk_flow.protocol.fsio import GroupSync, fs, fsync_dir, write_file
 from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.inputs import DEFAULT_INPUT_MAX, check_inputs, copy_inputs
 from httk_flow.protocol.jobspec import (
@@ -95,6 +94,35 @@ class SubmitRequest:
     #: registration moves the job to paused instead of ready
     hold: bool = False
 
+    def but(self, **changes: object) -> SubmitRequest:
+        """A copy with `changes` (bulk submission makes one per job: a shallow copy of
+        the fields, not the field-by-field rebuild of dataclasses.replace)."""
+        new = object.__new__(SubmitRequest)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
+    def shape(self) -> dict[str, object]:
+        """The fields array members share, all but the index and the id, copied (a list
+        or dict changed after validation must not compare equal to what was validated)."""
+        d = dict(self.__dict__)
+        d["args"], d["requires"], d["inputs"] = (tuple(self.args), tuple(self.requires),
+                                                 tuple(self.inputs))  # fmt: skip
+        d["params"] = dict(self.params)
+        del d["array_index"], d["job_id"]
+        return d
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What the last fully validated request resolved to: a request of the same shape
+    (an array member, a batch line like the last) differs only in its index and id."""
+
+    shape: dict[str, object]
+    program: Program
+    params: dict[str, ParamValue]
+    placement: str | None
+
 
 class Submitter:
     """Publishes jobs into one workspace, in batches."""
@@ -107,12 +135,15 @@ class Submitter:
         self.groups = GroupRegistry(ws)
         #: job.json bytes of built specs, written at publication (serialized once)
         self._raw: dict[str, bytes] = {}
-        #: the last request whose job.json was parsed back: array members differ from it
-        #: only in their index and id, which cannot make job.json unreadable
-        self._checked: SubmitRequest | None = None
+        #: the last request validated in full and whose job.json was parsed back: array
+        #: members differ from it only in their index and id, which cannot make a request
+        #: invalid nor job.json unreadable
+        self._checked: _Checked | None = None
         #: ids of the last batch's jobs an idempotent publish found published already
         #: (a resumed bulk submission counts them as in before it)
         self.found: set[str] = set()
+        #: the last service class published and its id
+        self._last_service: tuple[tuple[object, ...], str] | None = None
 
     def build(self, req: SubmitRequest) -> JobSpec:
         """Validate a request into a JobSpec (no file is written)."""
@@ -124,6 +155,59 @@ class Submitter:
             raise UsageError(e.render(), obj=req.origin, hint=None) from None
 
     def _build(self, req: SubmitRequest) -> JobSpec:
+        shape = req.shape()
+        checked = self._checked
+        fresh = checked is None or shape != checked.shape
+        if fresh:
+            checked = self._validate(req, shape)
+        assert checked is not None
+        job_id = req.job_id or names.new_id()
+        spec = JobSpec(
+            id=job_id,
+            key=names.make_key(job_id, req.tag),
+            tag=req.tag,
+            name=req.name,
+            program=checked.program,
+            args=tuple(req.args),
+            step=req.step,
+            params=dict(checked.params),
+            priority=req.priority,
+            placement=checked.placement or names.default_placement(job_id),
+            pool=req.pool,
+            requires=tuple(req.requires),
+            time=req.time,
+            retries=req.retries,
+            max_attempts=req.max_attempts,
+            workdir=req.workdir,
+            require_outcome=req.require_outcome,
+            parent=req.parent,
+            array_index=req.array_index,
+            created=round(time.time(), 3),
+            time_limit=req.time_limit,
+            time_limit_factor=float(req.time_limit_factor),
+            resources=req.resources,
+            after=req.after,
+            group=req.group,
+            hold=req.hold,
+        )
+        try:
+            raw = spec.to_json()
+        except orjson.JSONEncodeError as e:
+            raise UsageError(
+                f"cannot be written as job.json ({e})", obj=f"job {spec.key}"
+            ) from None
+        if fresh:
+            # what submit accepts, register must accept: refuse now what job.json refuses
+            self._checked = None
+            JobSpec.from_json(raw, f"job {spec.key}")
+            self._checked = checked
+        if len(self._raw) > 4 * BATCH:
+            self._raw.clear()  # built but never published (validation passes)
+        self._raw[spec.id] = raw
+        return spec
+
+    def _validate(self, req: SubmitRequest, shape: dict[str, object]) -> _Checked:
+        """Every check of a request but those of its id; what they resolved to."""
         program = (
             req.program
             if isinstance(req.program, Program)
@@ -152,56 +236,13 @@ class Submitter:
             params = check_params(req.params)
         except Exception as e:  # _Bad carries the sentence
             raise UsageError(str(e), obj="params") from None
-        job_id = req.job_id or names.new_id()
         if not req.placement:
-            placement = names.default_placement(job_id)
+            placement = None  # each job's own, from its id
         elif req.parent is None:
             placement = names.check_parent_placement(req.placement)
         else:
             placement = names.check_placement(req.placement)
-        spec = JobSpec(
-            id=job_id,
-            key=names.make_key(job_id, req.tag),
-            tag=req.tag,
-            name=req.name,
-            program=program,
-            args=tuple(req.args),
-            step=req.step,
-            params=params,
-            priority=req.priority,
-            placement=placement,
-            pool=req.pool,
-            requires=tuple(req.requires),
-            time=req.time,
-            retries=req.retries,
-            max_attempts=req.max_attempts,
-            workdir=req.workdir,
-            require_outcome=req.require_outcome,
-            parent=req.parent,
-            array_index=req.array_index,
-            created=round(time.time(), 3),
-            time_limit=req.time_limit,
-            time_limit_factor=float(req.time_limit_factor),
-            resources=req.resources,
-            after=req.after,
-            group=req.group,
-            hold=req.hold,
-        )
-        try:
-            raw = spec.to_json()
-        except orjson.JSONEncodeError as e:
-            raise UsageError(
-                f"cannot be written as job.json ({e})", obj=f"job {spec.key}"
-            ) from None
-        # what submit accepts, register must accept: refuse now what job.json refuses later
-        same = dataclasses.replace(req, array_index=None, job_id=None)
-        if same != self._checked:
-            JobSpec.from_json(raw, f"job {spec.key}")
-            self._checked = same
-        if len(self._raw) > 4 * BATCH:
-            self._raw.clear()  # built but never published (validation passes)
-        self._raw[spec.id] = raw
-        return spec
+        return _Checked(shape, program, params, placement)
 
     def submit(
         self,
@@ -246,43 +287,42 @@ class Submitter:
         """Payloads, then one journal write, then each marker born inside its payload and
         moved out by one rename (protocol.md §6): a registrant that wakes from a freeze,
         or two that race, can never give one job two markers."""
-        ws, durable = self.ws, self.ws.policy.durable
-        staged: list[tuple[JobSpec, str | None]] = []  # (spec, tmp payload or None: exists)
+        ws = self.ws
+        # durable: nothing is synced file by file; the batch is flushed in two group
+        # commits, its payloads before any is published and its markers before return
+        sync = GroupSync(ws.root) if ws.policy.durable else None
+        staged: list[tuple[JobSpec, str, str | None]] = []  # (spec, its dir, tmp or None)
         self.found = set()
         try:
             for spec, req in batch:
                 final = ws.job_dir(spec.placement, spec.key)
                 if idempotent and fs.exists(final):
                     self.found.add(spec.id)
-                    staged.append((spec, None))  # completed below: O(1) listings, no payload
+                    staged.append((spec, final, None))  # completed below: no payload
                     continue
-                staged.append((spec, self._stage(spec, req)))
-            self._list_dependents(s for s, tmp in staged if tmp is not None)
-            frames = [_submission_frame(s, self.actor) for s, tmp in staged if tmp is not None]
+                staged.append((spec, final, self._stage(spec, req, sync)))
+            self._list_dependents(s for s, _, tmp in staged if tmp is not None)
+            frames = [_submission_frame(s, self.actor) for s, _, tmp in staged if tmp is not None]
             refs = iter(ws.writer.append_many(frames) if frames else [])
             crash_point("submit.after_journal")
-            # (spec, tmp payload, its birth marker's name; None: look in the job directory)
-            births: list[tuple[JobSpec, str | None, str | None]] = []
-            for spec, tmp in staged:
+            # (spec, its dir, tmp payload, its birth marker's name; None: look in the dir)
+            births: list[tuple[JobSpec, str, str | None, str | None]] = []
+            for spec, final, tmp in staged:
                 born = None
                 if tmp is not None:
-                    service = self.services.publish(
-                        ServiceClass(spec.pool, spec.requires, spec.resources)
-                    )
-                    # the registry names the group before any marker carries its digest
-                    grp = self.groups.publish(spec.group, by=self.actor) if spec.group else ""
                     marker = Marker(
-                        spec.key, spec.priority, 0, next(refs), service=service, group_digest=grp
-                    )
+                        spec.key, spec.priority, 0, next(refs),
+                        service=self._service(spec), group_digest=self._group(spec),
+                    )  # fmt: skip
                     born = BIRTH_PREFIX + marker.name
-                    write_file(os.path.join(tmp, born), b"", durable=False)
-                    if durable:
-                        fsync_dir(tmp)
-                births.append((spec, tmp, born))
-            parents: set[str] = set()
-            for i, (spec, tmp, _born) in enumerate(births):
+                    write_file(f"{tmp}/{born}", b"", durable=False)
+                    if sync is not None:
+                        sync.dir(tmp)
+                births.append((spec, final, tmp, born))
+            if sync is not None:
+                sync.flush()  # every payload whole on disk before any is published
+            for i, (spec, final, tmp, _born) in enumerate(births):
                 if tmp is not None:
-                    final = ws.job_dir(spec.placement, spec.key)
                     parent = os.path.dirname(final)
                     ws.ensure_dir(parent)
                     try:
@@ -291,26 +331,35 @@ class Submitter:
                         if not idempotent or not fs.exists(final):
                             raise
                         shutil.rmtree(tmp, ignore_errors=True)  # another registrant's won
-                        births[i] = (spec, tmp, None)  # its birth marker's name is not ours
-                    parents.add(parent)
+                        births[i] = (spec, final, tmp, None)  # its birth marker is not ours
+                    if sync is not None:
+                        sync.dir(parent)
                     crash_point("submit.after_payload")
-            if durable:
-                for d in parents:
-                    fsync_dir(d)
         except BaseException:
-            for _, tmp in staged:
+            for _, _, tmp in staged:
                 if tmp is not None and os.path.isdir(tmp):
                     shutil.rmtree(tmp, ignore_errors=True)
             raise
-        marker_dirs: set[str] = set()
-        for spec, _, born in births:
-            moved = self._move_birth(spec, born)
-            if moved is not None:
-                marker_dirs.add(moved)
-        if durable:
-            for d in marker_dirs:
-                fsync_dir(d)
+        for spec, final, _, born in births:
+            moved = move_birth(ws, spec.placement, spec.key, born, job_dir=final, sync=sync)
+            if moved is not None and sync is not None:
+                sync.dir(moved)
+        if sync is not None:
+            sync.flush()  # the whole batch registered on disk before it is reported
         yield from (s for s, _ in batch)
+
+    def _service(self, spec: JobSpec) -> str:
+        """The job's service class id, published once per class (the last one is kept:
+        a batch's jobs mostly share theirs)."""
+        key = (spec.pool, spec.requires, spec.resources)
+        if self._last_service is None or self._last_service[0] != key:
+            sid = self.services.publish(ServiceClass(spec.pool, spec.requires, spec.resources))
+            self._last_service = (key, sid)
+        return self._last_service[1]
+
+    def _group(self, spec: JobSpec) -> str:
+        # the registry names the group before any marker carries its digest
+        return self.groups.publish(spec.group, by=self.actor) if spec.group else ""
 
     def _list_dependents(self, specs: Iterable[JobSpec]) -> None:
         """Each set lists its dependents before they are published (one append per set and
@@ -324,38 +373,57 @@ class Submitter:
             for set_id, jobs in by_set.items():
                 sets.add_dependents(set_id, jobs)
 
-    def _stage(self, spec: JobSpec, req: SubmitRequest) -> str:
+    def _stage(self, spec: JobSpec, req: SubmitRequest, sync: GroupSync | None) -> str:
         """The job's payload assembled under .flow/tmp (a name of its own: a submitter
         killed mid-payload leaves its tmp behind for a replay to meet)."""
-        tmp = os.path.join(self.ws.tmp, staging_name(spec.id))
+        tmp = f"{self.ws.tmp}/{staging_name(spec.id)}"
         os.mkdir(tmp)
         try:
             raw = self._raw.pop(spec.id, None) or spec.to_json()
-            write_file(layout.job_file(tmp), raw, durable=self.ws.policy.durable)
+            job_file = layout.job_file(tmp)
+            write_file(job_file, raw, durable=False)
+            if sync is not None:
+                sync.file(job_file)
             if req.inputs:
-                copy_inputs(req.inputs, layout.files_dir(tmp), req.input_max)
+                files = layout.files_dir(tmp)
+                copy_inputs(req.inputs, files, req.input_max)
+                if sync is not None:
+                    _note_tree(sync, files)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return tmp
 
-    def _move_birth(self, spec: JobSpec, born: str | None) -> str | None:
-        """Move the job's birth marker (if still in its payload) into submitted/; returns
-        the state directory it went to. `born`: its name when this submitter made the
-        payload (no listing needed); None: whoever made it, one listing finds it. No birth
-        marker: the job is published already."""
-        return move_birth(self.ws, spec.placement, spec.key, born)
+
+def _note_tree(sync: GroupSync, top: str) -> None:
+    """Every file and directory of a copied input tree, for the batch's flush."""
+    for d, _dirs, files in os.walk(top):
+        sync.dir(d)
+        for f in files:
+            sync.file(os.path.join(d, f))
 
 
-def move_birth(ws: Workspace, placement: str, key: str, born: str | None = None) -> str | None:
-    """Complete a registration (Submitter._move_birth; `flow fsck --repair` too): only one
-    rename of the birth marker succeeds, so a job completed twice keeps one marker."""
-    job_dir = ws.job_dir(placement, key)
+def move_birth(
+    ws: Workspace,
+    placement: str,
+    key: str,
+    born: str | None = None,
+    *,
+    job_dir: str | None = None,
+    sync: GroupSync | None = None,
+) -> str | None:
+    """Move the job's birth marker (if still in its payload) into submitted/; returns the
+    state directory it went to. `born`: its name when the caller made the payload (no
+    listing needed); None: whoever made it, one listing finds it. No birth marker: the job
+    is published already. Only one rename of the birth marker succeeds, so a job completed
+    twice (a bulk submission resumed, `flow fsck --repair`) keeps one marker. `sync`: the
+    batch's group commit, which then makes it durable (else a durable workspace's fsync)."""
+    job_dir = job_dir or ws.job_dir(placement, key)
     born = born or _birth_marker(job_dir)
     if born is None:
         return None
     d = ws.state_dir(State.SUBMITTED, placement)
-    src, dst = os.path.join(job_dir, born), os.path.join(d, born[len(BIRTH_PREFIX) :])
+    src, dst = f"{job_dir}/{born}", f"{d}/{born[len(BIRTH_PREFIX) :]}"
     ws.ensure_dir(d)
     try:
         fs.rename(src, dst)
@@ -368,7 +436,9 @@ def move_birth(ws: Workspace, placement: str, key: str, born: str | None = None)
             fs.rename(src, dst)
         except FileNotFoundError:
             return None
-    if ws.policy.durable:
+    if sync is not None:
+        sync.dir(job_dir)
+    elif ws.policy.durable:
         fsync_dir(job_dir)
     return d
 
