@@ -392,6 +392,7 @@ OTHER_DOCUMENTS = {
     "protocol/jobspec.py": "job.json",
     "runner/context.py": "an attempt's context.json",
     "runner/__init__.py": "an attempt's context.json",
+    "protocol/logstream.py": "a log record's header",
 }
 READ = re.compile(
     r"""(?:\.get\(\s*|\[\s*)["'](""" + "|".join(MEMBERS) + r""")["']\s*(?:[,)]|\](?!\s*=[^=]))"""

@@ -55,7 +55,7 @@ def fsck(app: App, /, repair: bool, as_json: bool) -> None:
 @workspace_option
 @click.pass_obj
 def gc(app: App, /, dry_run: bool, as_json: bool) -> None:
-    """Collect old attempt directories and journal segments per the retention policy."""
+    """Collect old attempt directories, journal and log segments per the retention policy."""
     r = collect(app.ws, dry_run=dry_run)
     if as_json:
         app.json(

@@ -44,6 +44,15 @@ def enclosing_workspace(path: str) -> str | None:
     help="Keep every file of a finished attempt (by default context.json, outcome.line "
     "and empty output are removed at its commit: fewer inodes).",
 )
+@click.option(
+    "--logs",
+    type=click.Choice(["files", "stream"]),
+    default="files",
+    show_default=True,
+    help="Where a finished attempt's output lives: its own files, or appended to the "
+    "manager's log segments at its commit (a finished job is then three inodes; "
+    "`flow logs` reads it back either way).",
+)
 @click.option("--exist-ok", is_flag=True, help="Accept an existing workspace.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
@@ -55,6 +64,7 @@ def init(
     durable: bool,
     lease: str | None,
     keep_attempt_files: bool,
+    logs: str,
     exist_ok: bool,
     as_json: bool,
 ) -> None:
@@ -70,6 +80,7 @@ def init(
         lease=parse_duration(lease, "--lease") if lease else None,
         exist_ok=exist_ok,
         keep_attempt_files=keep_attempt_files,
+        logs=logs,
     )
     if outer is not None and not existed:
         app.warn(
@@ -84,8 +95,10 @@ def init(
                 "durable": ws.policy.durable,
                 "lease": ws.policy.lease,
                 "keep_attempt_files": ws.policy.keep_attempt_files,
+                "logs": ws.policy.logs,
             }
         )
     else:
         mode = "durable" if ws.policy.durable else "non-durable"
-        app.echo(f"workspace {ws.root} ({mode}, lease {ws.policy.lease:g}s)")
+        logs = ", output streamed to log segments" if ws.policy.logs == "stream" else ""
+        app.echo(f"workspace {ws.root} ({mode}, lease {ws.policy.lease:g}s{logs})")

@@ -17,13 +17,14 @@ from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
-from httk_flow.manager.tidy import Tidy
+from httk_flow.manager.tidy import Streamed, Tidy
 from httk_flow.protocol import staging
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Result, Snapshot
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.jobspec import JobSpec, ParentRef
+from httk_flow.protocol.logstream import LogWriter
 from httk_flow.protocol.names import MAX_PRIORITY
 from httk_flow.protocol.outcome import MAX_MESSAGE, ChildDef, TornOutcome, read_outcome
 from httk_flow.protocol.states import State
@@ -50,6 +51,8 @@ class Committer:
         self.inbox = inbox
         #: keeps our lease alive while a commit registers thousands of children
         self.heartbeat: Callable[[], None] = lambda: None
+        #: our log segments (policy `logs: stream`), opened at the first streamed output
+        self._logs: LogWriter | None = None
 
     def ending_from_dir(
         self,
@@ -207,10 +210,12 @@ class Committer:
                 # children that can never be registered: the commit can never complete
                 return self._fail_commit(committing, body, e)
             crash_point("commit.after_children")
+        streamed: Streamed = ()
+        terminal = decision.target.is_terminal
         if tidy is not None and not decision.children and decision.changes.join is None:
             # a wait's children are read again from its outcome.ready/ if this commit is
             # resumed (also when a folded pause turned it into one to paused): never tidied
-            tidy.run(terminal=decision.target.is_terminal, outcome=_whole(body.result))
+            streamed = tidy.run(terminal=terminal, outcome=_whole(body.result), stream=self.logs)
             crash_point("commit.after_tidy")
         c = decision.changes
         final_body = body.carry(
@@ -223,6 +228,7 @@ class Committer:
             attempt=body.attempt,
             evidence=body.evidence,
             requests=body.requests,
+            logs=streamed or None,
         )
         prio = body.set_priority
         final = transition(
@@ -235,7 +241,29 @@ class Committer:
             not_before=decision.not_before,
         )
         crash_point("commit.after_final")
+        if streamed and tidy is not None:
+            # the final frame says where the output is: only now may its files go (a
+            # crash before leaves them, and flow logs reads the files first)
+            tidy.drop(streamed, terminal=terminal)
         return final
+
+    @property
+    def logs(self) -> LogWriter | None:
+        """Where output is streamed at commits; None unless the workspace's policy is
+        `logs: stream`."""
+        if self.ws.policy.logs != "stream":
+            return None
+        if self._logs is None:
+            writer = self.ws.writer
+            if not writer.writer_id:
+                return None  # nothing appended yet: no commit can be streaming
+            self._logs = LogWriter(
+                self.ws.root,
+                writer.writer_id,
+                durable=self.ws.policy.durable,
+                segment_bytes=self.ws.policy.segment_bytes,
+            )
+        return self._logs
 
     def _fail_commit(self, committing: JobHandle, body: Body, err: FlowError) -> JobHandle:
         message = f"the commit cannot complete: {err.render()}"[:4000]

@@ -326,6 +326,9 @@ class LocalAttempts:
             os.path.basename(la.plan.dir),
             persistent=la.spec.workdir == "persistent",
             settled=not left,
+            job=la.spec.id,
+            key=la.job.key,
+            placement=la.job.placement,
         )
 
     def _exec_failure(self, la: LocalAttempt, rc: int) -> tuple[str, str] | None:

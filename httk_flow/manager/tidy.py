@@ -16,6 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from httk_flow.protocol import layout
+from httk_flow.protocol.logstream import MAX_STREAMED, Header, LogWriter
+from httk_flow.protocol.names import RecordRef
+
+#: (stream, record) of each output a commit appended to its manager's log segments
+Streamed = tuple[tuple[str, RecordRef], ...]
 
 
 def _name(path_of: Callable[[str], str]) -> str:
@@ -50,12 +55,38 @@ class Tidy:
     #: no process of its group was left at its end: nothing may still write to its output,
     #: read its context or work in its workdir (otherwise only its outcome is tidied)
     settled: bool
+    #: the job's id, key and placement (named in the records of streamed output)
+    job: str = ""
+    key: str = ""
+    placement: str = ""
 
-    def run(self, *, terminal: bool, outcome: bool) -> None:
+    def run(self, *, terminal: bool, outcome: bool, stream: LogWriter | None = None) -> Streamed:
         """Remove what the attempt left that holds nothing; with `terminal` (the job's
         last attempt) also attempts/ and run/ when they are empty. `outcome`: the frames
         hold the published outcome whole (accepted, its message not cut), so its file may
-        go too. Never raises: an untidied file costs an inode, never correctness."""
+        go too. `stream`: output is appended there (what is returned goes into the final
+        frame) and its files are left for drop() once that frame is written. Never
+        raises: an untidied file costs an inode, never correctness."""
+        streamed: Streamed = ()
+        try:
+            jfd = os.open(self.job_dir, _DIR_FLAGS)
+        except OSError:
+            return streamed
+        try:
+            afd = _open_dir(_ATTEMPTS, jfd)
+            if afd is not None:
+                try:
+                    streamed = self._attempt(afd, jfd, outcome, stream)
+                finally:
+                    os.close(afd)
+            self._dirs(jfd, terminal)
+        finally:
+            os.close(jfd)
+        return streamed
+
+    def drop(self, streamed: Streamed, *, terminal: bool) -> None:
+        """After the final frame holds where the output went: its files, then the
+        directories they kept (as run() removes them)."""
         try:
             jfd = os.open(self.job_dir, _DIR_FLAGS)
         except OSError:
@@ -64,20 +95,29 @@ class Tidy:
             afd = _open_dir(_ATTEMPTS, jfd)
             if afd is not None:
                 try:
-                    self._attempt(afd, jfd, outcome)
+                    xfd = _open_dir(self.attempt, afd)
+                    if xfd is not None:
+                        for name, _ in streamed:
+                            _unlink(name, xfd)
+                        os.close(xfd)
+                    _rmdir(self.attempt, afd)
                 finally:
                     os.close(afd)
-                if terminal:
-                    _rmdir(_ATTEMPTS, jfd)
-            if terminal and self.persistent and self.settled:
-                _rmdir(_RUN, jfd)
+            self._dirs(jfd, terminal)
         finally:
             os.close(jfd)
 
-    def _attempt(self, afd: int, jfd: int, outcome: bool) -> None:
+    def _dirs(self, jfd: int, terminal: bool) -> None:
+        if terminal:
+            _rmdir(_ATTEMPTS, jfd)
+            if self.persistent and self.settled:
+                _rmdir(_RUN, jfd)
+
+    def _attempt(self, afd: int, jfd: int, outcome: bool, stream: LogWriter | None) -> Streamed:
         xfd = _open_dir(self.attempt, afd)
         if xfd is None:
-            return
+            return ()
+        streamed = []
         try:
             if outcome:
                 self._outcome(xfd)
@@ -85,13 +125,45 @@ class Tidy:
                 for name in _TOLD:
                     _unlink(name, xfd)
                 for name in _OUTPUT:
-                    self._output(name, xfd, jfd)
+                    ref = self._stream(name, xfd, stream) if stream is not None else None
+                    if ref is not None:
+                        streamed.append((name, ref))
+                    else:
+                        self._output(name, xfd, jfd)
                 if not self.persistent:
                     _rmdir(_WORK, xfd)
         finally:
             os.close(xfd)
         # fails while anything is left (output, exec.failed, outcome.ready/, ...): kept
         _rmdir(self.attempt, afd)
+        return tuple(streamed)
+
+    def _stream(self, name: str, xfd: int, stream: LogWriter) -> RecordRef | None:
+        """Append a non-empty output file of at most MAX_STREAMED bytes to the log
+        segments; None leaves it to _output (empty: removed; larger: moved up)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=xfd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not 0 < st.st_size <= MAX_STREAMED:
+                return None
+            chunks, left = [], st.st_size
+            while left > 0:
+                chunk = os.read(fd, left)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+            n = layout.attempt_number(self.attempt)
+            head = Header(self.job, self.key, self.placement, n, name, len(data))
+            return stream.append(head, data)
+        except OSError:
+            return None  # e.g. the log segment cannot be written: the file stays
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _outcome(xfd: int) -> None:

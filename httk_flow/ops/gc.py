@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from filelock import FileLock, Timeout
 
 from httk_flow.errors import FlowError, UsageError
-from httk_flow.protocol import layout, requests
+from httk_flow.ops.lookup import view
+from httk_flow.protocol import layout, logstream, requests
 from httk_flow.protocol.after import DependencySets
 from httk_flow.protocol.discovery import markers_of_placement, walk_all
 from httk_flow.protocol.journal import iter_segment, segment_name
@@ -71,6 +72,7 @@ def collect(ws: Workspace, *, dry_run: bool, now: float | None = None) -> GcRepo
         with lock.acquire(timeout=0):
             _attempts(ws, report, now)
             _segments(ws, report, now)
+            _log_segments(ws, report, now)
             _managers(ws, report, now)
             _requests(ws, report, now)
             _dependency_sets(ws, report, now)
@@ -179,6 +181,52 @@ def _segments(ws: Workspace, report: GcReport, now: float) -> None:
                 os.rmdir(w.path)
             except OSError:
                 pass
+
+
+def _log_segments(ws: Workspace, report: GcReport, now: float) -> None:
+    """Delete log segments (policy `logs: stream`) not written to for as long as attempts
+    are kept and holding only output gc would collect as files: of jobs that are gone, or
+    of a finished job's attempts before its last (the last stays for `flow logs`)."""
+    horizon = now - ws.policy.keep_attempts_days * DAY
+    try:
+        writers = list(os.scandir(logstream.logs_dir(ws.root)))
+    except OSError:
+        return
+    last: dict[tuple[str, str], int | None] = {}  # job -> its last attempt (None: keep all)
+    for w in writers:
+        if not w.is_dir(follow_symlinks=False):
+            continue
+        for e in os.scandir(w.path):
+            if logstream.segment_number(e.name) is None or e.stat().st_mtime > horizon:
+                continue
+            if all(_collectable(ws, h, last) for h in logstream.iter_headers(e.path)):
+                _remove(report, "log_segment", e.path, is_dir=False)
+        if not report.dry_run:
+            try:
+                os.rmdir(w.path)  # the writer's last segment went
+            except OSError:
+                pass
+
+
+def _collectable(
+    ws: Workspace, head: logstream.Header | None, last: dict[tuple[str, str], int | None]
+) -> bool:
+    if head is None:
+        return True  # a torn tail: output no frame can name
+    job = (head.placement, head.key)
+    if job not in last:
+        h = locate_key(ws, *job)
+        if h is None:
+            last[job] = 0  # gone
+        elif h.state not in FINISHED:
+            last[job] = None
+        else:
+            runs = view(ws, h).attempts
+            last[job] = runs[-1].record.n if runs else None
+    n = last[job]
+    if n is None:
+        return False
+    return n == 0 or head.attempt < n
 
 
 def _still_reached(ws: Workspace, writer: str, segment: int, path: str) -> bool:

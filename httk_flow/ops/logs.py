@@ -11,8 +11,13 @@ from httk_flow.errors import UsageError
 from httk_flow.ops.gc import DAY
 from httk_flow.ops.lookup import view
 from httk_flow.protocol import layout
+from httk_flow.protocol.logstream import read_record
+from httk_flow.protocol.names import RecordRef
 from httk_flow.protocol.transition import JobHandle, locate_key
 from httk_flow.protocol.workspace import Workspace
+
+#: (stream, record) of an attempt's streamed output
+Logs = tuple[tuple[str, RecordRef], ...]
 
 
 def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
@@ -22,6 +27,12 @@ def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
 def _chosen(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, int, bool]:
     """The attempt's directory and number, and whether `flow gc` may have collected it (an
     earlier attempt that ended longer ago than the workspace keeps attempts)."""
+    adir, n, collectable, _ = _attempt(ws, job, attempt)
+    return adir, n, collectable
+
+
+def _attempt(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, int, bool, Logs]:
+    """_chosen, and where its commit streamed its output (policy `logs: stream`)."""
     attempts = view(ws, job).attempts
     if not attempts:
         raise UsageError("has not run yet", obj=f"job {job.key}", hint="see `flow show`")
@@ -38,7 +49,8 @@ def _chosen(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, in
     horizon = time.time() - ws.policy.keep_attempts_days * DAY
     collectable = chosen is not attempts[-1] and (chosen.ended or 0.0) <= horizon
     # derived from the number, never taken from the frame: a frame cannot point us elsewhere
-    return layout.attempt_dir(ws.job_dir(job.placement, job.key), n), n, collectable
+    adir = layout.attempt_dir(ws.job_dir(job.placement, job.key), n)
+    return adir, n, collectable, chosen.logs or ()
 
 
 def first_attempt(
@@ -78,7 +90,7 @@ def read_log(
     (and, for a job that has not started, from its first attempt on)."""
     if follow and attempt is None:
         job = first_attempt(ws, job, interval=interval, on_wait=on_wait)
-    adir, n, collectable = _chosen(ws, job, attempt)
+    adir, n, collectable, streamed = _attempt(ws, job, attempt)
     path = layout.stderr_file(adir) if stderr else layout.stdout_file(adir)
     # a tidied attempt's output lives beside job.json (protocol.md §10, Tidying)
     kept = layout.kept_output(ws.job_dir(job.placement, job.key), n, os.path.basename(path))
@@ -90,6 +102,20 @@ def read_log(
         time.sleep(min(interval, 0.05))
     fh = _open_first(path, kept)
     if fh is None:
+        name = os.path.basename(path)
+        ref = next((r for s, r in streamed if s == name), None)
+        if ref is not None:
+            # its commit appended it to a log segment; the record names the job and attempt
+            data = read_record(ws.root, ref, job.job_id, n, name)
+            if data is None:
+                raise UsageError(
+                    f"has no readable {name} any more: the log record its commit wrote is "
+                    "gone or damaged",
+                    obj=f"attempt {layout.attempt_name(n)} of job {job.key}",
+                    hint=f"`flow show {job.key}` still tells how it ended",
+                )
+            yield data
+            return
         if os.path.isdir(adir) or not collectable:
             # it wrote nothing there (its commit removes an empty file, and then the
             # attempt's directory if nothing else was left in it)

@@ -15,6 +15,7 @@ from httk_flow.protocol.frames import AttemptRecord, Failure, Frame, Result
 from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.jobs import all_jobs, history, load_spec
 from httk_flow.protocol.jobspec import JobSpec, duration_words
+from httk_flow.protocol.names import RecordRef
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
@@ -172,6 +173,9 @@ class JobView:
                 v = dataclasses.replace(v, result=f.body.result, ended=f.t)
             elif seen is not None:
                 v = dataclasses.replace(v, result=seen.result, ended=seen.ended)
+            logs = f.body.logs if f.body.logs is not None else seen.logs if seen else None
+            if logs is not None:
+                v = dataclasses.replace(v, logs=logs)
             out[att.id] = v
         return list(out.values())
 
@@ -185,6 +189,8 @@ class AttemptView:
     started: float | None
     ended: float | None
     result: Result | None
+    #: where its commit streamed its output (policy `logs: stream`): (stream, record)
+    logs: tuple[tuple[str, RecordRef], ...] | None = None
 
     @property
     def limit(self) -> float | None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from httk_flow.errors import FlowError
 from httk_flow.protocol.frame_fields import (
     BadFrame,
     Json,
@@ -90,6 +91,7 @@ _MEMBERS = (
     "evidence",
     "requests",
     "set_priority",
+    "logs",
 )
 _KNOWN = frozenset(_HEADER + _SNAPSHOT + _MEMBERS)
 
@@ -111,6 +113,8 @@ class Body:
     evidence: Evidence | None = None
     requests: tuple[str, ...] | None = None  # request files this move applied (once)
     set_priority: int | None = None  # the priority the final frame of a commit takes
+    #: where a commit streamed the attempt's output: (stream, log record) (logstream.py)
+    logs: tuple[tuple[str, RecordRef], ...] | None = None
     extra: tuple[tuple[str, Any], ...] = ()  # members a newer version wrote: kept as is
 
     def carry(self, **members: Any) -> Body:
@@ -143,6 +147,8 @@ class Body:
         if self.requests is not None:
             d["requests"] = list(self.requests)
         put(d, "set_priority", self.set_priority)
+        if self.logs is not None:
+            d["logs"] = {stream: str(ref) for stream, ref in self.logs}
         for k, v in self.extra:
             d.setdefault(k, v)
         return d
@@ -170,6 +176,7 @@ class Body:
             requests=tuple(reqs) if reqs is not None else None,
             # a priority out of range is ignored where it is applied, never refused here
             set_priority=prio if type(prio) is int else None,
+            logs=_logs(d.get("logs")),
             extra=tuple((k, v) for k, v in d.items() if k not in _KNOWN),
         )
 
@@ -253,3 +260,20 @@ def check_frame(d: Mapping[str, Any]) -> str | None:
 
 
 _STATE_NAMES = frozenset(s.value for s in State)
+
+
+def _logs(value: object) -> tuple[tuple[str, RecordRef], ...] | None:
+    """A frame's `logs` member: {"stdout": "<record ref>", ...} (protocol revision 5)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadFrame("logs")
+    out = []
+    for stream, text in value.items():
+        if stream not in ("stdout", "stderr") or not isinstance(text, str):
+            raise BadFrame("logs")
+        try:
+            out.append((stream, RecordRef.parse(text)))
+        except FlowError:
+            raise BadFrame("logs") from None
+    return tuple(out)

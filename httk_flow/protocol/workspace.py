@@ -71,6 +71,9 @@ class Policy:
     #: keep every file of a committed attempt (by default what holds nothing the journal
     #: does not is removed at its commit: context.json, outcome.line, empty output)
     keep_attempt_files: bool = False
+    #: "files": an attempt's output stays in files; "stream": at its commit it is appended
+    #: to the manager's log segments and its files removed (protocol revision 5)
+    logs: str = "files"
 
     @classmethod
     def from_json(cls, data: object, where: str) -> Policy:
@@ -93,6 +96,11 @@ class Policy:
                 raise WorkspaceError(f"policy key {k} must be a {want.__name__}", obj=where)
             values[k] = v
         policy = cls(**values)
+        if policy.logs not in LOG_MODES:
+            raise WorkspaceError(
+                f"policy key logs must be one of {', '.join(LOG_MODES)}, not {policy.logs!r}",
+                obj=where,
+            )
         if policy.segment_bytes < 4096:
             raise WorkspaceError("policy has tiny segments", obj=where)
         why = lease_problem(policy.lease)
@@ -106,7 +114,9 @@ class Policy:
 
 
 #: policy keys newer than protocol revision 2
-_WRITTEN_WHEN_SET = ("keep_attempt_files",)
+_WRITTEN_WHEN_SET = ("keep_attempt_files", "logs")
+#: where an attempt's output lives once it is committed (policy key `logs`)
+LOG_MODES = ("files", "stream")
 
 
 @dataclass(frozen=True)
@@ -198,7 +208,16 @@ class Workspace:
         lease: float | None = None,
         exist_ok: bool = False,
         keep_attempt_files: bool = False,
+        logs: str = "files",
     ) -> Workspace:
+        if logs not in LOG_MODES:
+            raise UsageError(f"must be one of {', '.join(LOG_MODES)}", obj=f"--logs {logs}")
+        if logs == "stream" and keep_attempt_files:
+            raise UsageError(
+                "keeps every file of an attempt, and --logs stream removes its output files",
+                obj="--keep-attempt-files",
+                hint="give one of the two",
+            )
         if lease is not None:
             check_lease(float(lease))
         root = os.path.abspath(path)
@@ -213,6 +232,7 @@ class Workspace:
             durable=durable,
             lease=float(lease) if lease is not None else Policy.lease,
             keep_attempt_files=keep_attempt_files,
+            logs=logs,
         )
         fmt = WorkspaceFormat(workspace_id=new_id(), created=time.time(), policy=policy)
         os.makedirs(flow, exist_ok=True)
