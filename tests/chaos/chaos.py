@@ -66,8 +66,11 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import FlowError
+from httk_flow.ops.logs import read_log
+from httk_flow.ops.lookup import view
 from httk_flow.protocol import jobs, names
 from httk_flow.protocol.children import child_id, child_placement
+from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.leases import heartbeat_path
@@ -102,6 +105,8 @@ audit() {
     if [[ $ctx =~ \"activation\":([0-9]+) ]]; then act=${BASH_REMATCH[1]}; fi
     printf '%s %s %s %s\n' "$FLOW_JOB_ID" "$FLOW_STEP" "$act" "$FLOW_ATTEMPT_ID" \
         >>"$CHAOS_AUDIT/$FLOW_JOB_ID"
+    # the attempt's output: `flow logs` must give back exactly this (audit_output)
+    printf '%s\n' "$FLOW_ATTEMPT_ID"
     # a short nap (0-50 ms); jobs submitted with nap=long compute for 0-2 s instead, so
     # that kills also land mid-step and orphans outlive their manager's death
     if [[ ${FLOW_PARAM_nap-} == long ]]; then
@@ -341,6 +346,8 @@ class ChaosConfig:
     #: give up (a violation) when the jobs are not all terminal after this many seconds
     timeout: float = 3600.0
     durable: bool = False
+    #: the workspace's output policy: "files", or "stream" (output into log segments)
+    logs: str = "files"
     #: every manager runs on a host of its own (its gethostname lies) and a manager kill
     #: is a node death: the manager and its attempts die together, and the work is taken
     #: over on lease evidence (the workspace allows persistent workdirs to be)
@@ -516,6 +523,7 @@ class Report:
                 "lease": c.lease,
                 "seed": c.seed,
                 "durable": c.durable,
+                "logs": c.logs,
                 "nodes": c.nodes,
                 "manager_share": c.manager_share,
                 "long_share": c.long_share,
@@ -591,6 +599,7 @@ class Report:
         lines = [
             f"chaos: seed {c.seed}, {c.managers} managers x {c.workers} workers, lease {c.lease}"
             f"{', durable' if c.durable else ''}"
+            f"{', output streamed' if c.logs == 'stream' else ''}"
             f"{', a host per manager (manager kills are node deaths)' if c.nodes else ''}",
             f"jobs: {self.jobs_top} submitted ({kinds}), {self.jobs_total} with children",
             f"kills: {self.kills} of {self.kills_planned} planned (managers {self.kills_manager}"
@@ -805,9 +814,11 @@ def orphan_reaper() -> contextlib.AbstractContextManager[Any]:
 # -- setup ------------------------------------------------------------------------------
 
 
-def make_workspace(path: Path, *, durable: bool, persistent_takeover: bool = False) -> str:
+def make_workspace(
+    path: Path, *, durable: bool, persistent_takeover: bool = False, logs: str = "files"
+) -> str:
     """A workspace whose retries back off 0.2 s, doubling up to 2 s."""
-    ws = Workspace.create(str(path))
+    ws = Workspace.create(str(path), logs=logs)
     ws.close()
     fmt_path = Path(ws.flow) / "format.json"
     fmt = orjson.loads(fmt_path.read_bytes())
@@ -1775,6 +1786,7 @@ def audit(
     - every side effect belongs to a launched attempt and every committed outcome's step
       ran; a child ran at most once per activation and re-run (check_job);
     - no takeover of a frozen manager's work before lease x takeover_factor (check_job);
+    - every finished job's `flow logs` is what its last attempt printed (audit_output);
     - `flow fsck` is clean (exit 0).
     """
     v = report.violations
@@ -1883,6 +1895,7 @@ def audit(
                 silences=report.frozen_silences,
             )
         )
+    audit_output(root, v)
     # fsck
     r = subprocess.run(
         [*FLOW, "fsck", "-w", root, "--json"], capture_output=True, text=True, timeout=600
@@ -1895,6 +1908,30 @@ def audit(
     if r.returncode != 0:
         problems = report.fsck.get("problems") or []
         v.append(f"flow fsck exited {r.returncode}: {problems[:5] or r.stderr[-500:]}")
+
+
+def audit_output(root: str, v: list[str]) -> None:
+    """`flow logs` of every finished job gives back what its last attempt printed, its
+    attempt id (wherever the output is: its files, beside job.json, a log record): a
+    succeeded job's exactly, another's that or nothing (a kill may land before it
+    printed), never another attempt's or job's output."""
+    ws = Workspace.open(root)
+    try:
+        for st in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
+            for h in walk_all(ws, st):
+                runs = view(ws, h).attempts
+                if not runs:
+                    continue
+                want = f"{runs[-1].record.id}\n".encode()
+                try:
+                    got = b"".join(read_log(ws, h))
+                except FlowError as e:
+                    v.append(f"flow logs {h.key}: {e.render()}")
+                    continue
+                if got != want and (st is State.SUCCEEDED or got != b""):
+                    v.append(f"flow logs {h.key} ({st.value}) gave {got[:200]!r}, not {want!r}")
+    finally:
+        ws.close()
 
 
 # -- the whole run ----------------------------------------------------------------------
@@ -1910,7 +1947,9 @@ def run_chaos(cfg: ChaosConfig, *, say: Callable[[str], None] = print, command: 
     if (work / "ws").exists():
         raise SystemExit(f"{work / 'ws'} exists: give an empty --workdir")
     # a dead node's persistent workdirs are taken over on lease age (its attempts died too)
-    root = make_workspace(work / "ws", durable=cfg.durable, persistent_takeover=cfg.nodes)
+    root = make_workspace(
+        work / "ws", durable=cfg.durable, persistent_takeover=cfg.nodes, logs=cfg.logs
+    )
     report.root = root
     audit_dir = work / "audit"
     audit_dir.mkdir(exist_ok=True)
@@ -1992,6 +2031,7 @@ def main(argv: list[str] | None = None) -> int:
         flag = "--" + name.replace("_", "-")
         ap.add_argument(flag, type=type(default), default=default, help=text)
     ap.add_argument("--durable", action="store_true", help="fsync everything (policy)")
+    ap.add_argument("--logs", choices=("files", "stream"), default="files", help="output policy")
     ap.add_argument(
         "--lenient",
         dest="strict",
@@ -2008,6 +2048,7 @@ def main(argv: list[str] | None = None) -> int:
         **{name: getattr(a, name) for name in CONFIG_OPTIONS},
         workdir=a.workdir,
         durable=a.durable,
+        logs=a.logs,
         strict=a.strict,
         nodes=a.nodes,
     )

@@ -106,8 +106,12 @@ def test_a_bounded_chaos_run_violates_no_invariant(chaos_run: Report) -> None:
 @pytest.mark.slow
 def test_a_bounded_chaos_run_with_node_deaths_violates_no_invariant(tmp_path: Path) -> None:
     """Each manager on a host of its own; a manager kill takes its attempts with it, so
-    its work can only be taken over on lease evidence (2 x the 2 s lease)."""
-    cfg = replace(CI, jobs=80, kills=10, nodes=True, seed=CI.seed + 1, workdir=str(tmp_path))
+    its work can only be taken over on lease evidence (2 x the 2 s lease). The workspace
+    streams output (`--logs stream`)."""
+    # output streamed into log segments: a kill mid-commit must lose none of it either
+    cfg = replace(
+        CI, jobs=80, kills=10, nodes=True, logs="stream", seed=CI.seed + 1, workdir=str(tmp_path)
+    )
     r = run_chaos(cfg, say=lambda _: None)
     _assert_clean(r)
     if r.tally["node_death_attempts"]:
