@@ -26,6 +26,7 @@ from httk_flow.protocol.fsio import fsync_dir
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.journal import iter_segment
 from httk_flow.protocol.leases import Liveness
+from httk_flow.protocol.logstream import read_record
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import move_birth
 from httk_flow.protocol.transition import JobHandle, locate_key
@@ -185,12 +186,33 @@ class Fsck:
                 )
             elif h.state.is_active:
                 self._active(h, frame)
+            elif frame.body.logs:
+                self._streamed(h, frame)
         except FlowError as e:
             self._problem("unreadable_frame", f"job {h.key}", e.render())
         try:
             load_spec(self.ws, h.placement, h.key)
         except FlowError as e:
             self._problem("bad_payload", f"job {h.key}", e.render())
+
+    def _streamed(self, h: JobHandle, frame: Frame) -> None:
+        """The log records a final frame names (policy `logs: stream`) are whole and are
+        that attempt's, unless its files are still there (a reader takes them first)."""
+        n = frame.body.attempt.n if frame.body.attempt is not None else 0
+        job_dir = self.ws.job_dir(h.placement, h.key)
+        adir = layout.attempt_dir(job_dir, n)
+        for stream, ref in frame.body.logs or ():
+            if os.path.exists(os.path.join(adir, stream)) or os.path.exists(
+                layout.kept_output(job_dir, n, stream)
+            ):
+                continue
+            if read_record(self.ws.root, ref, frame.job, n, stream) is None:
+                self._problem(
+                    "lost_output",
+                    f"attempt {layout.attempt_name(n)} of job {h.key}",
+                    f"its {stream} went to log record {ref}, which is gone or damaged: "
+                    "`flow logs` cannot give it back",
+                )
 
     # -- active jobs ---------------------------------------------------------------
 

@@ -143,6 +143,10 @@ def test_a_damaged_record_is_an_error_naming_the_attempt_never_other_output(
         f"log record its commit wrote is gone or damaged; `flow show {a['key']}` still tells "
         "how it ended\n"
     )
+    # fsck finds it too, for both streams, and nothing of b
+    lost = [p for p in fsck_report(flow.root)["problems"] if p["kind"] == "lost_output"]
+    assert [p["object"] for p in lost] == [f"attempt a0001 of job {a['key']}"] * 2
+    assert "gone or damaged" in lost[0]["message"]
     seg.write_bytes(data[: len(data) - 3])  # a torn tail: the last record is cut
     assert list(logstream.iter_headers(str(seg)))[-1] is None
     assert flow.ok("logs", a["key"]) == STDOUT  # whole records still read
