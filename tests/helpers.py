@@ -61,6 +61,26 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
         time.sleep(interval)
 
 
+#: how many managers run inside this (the test) process: while one does, the orphan
+#: reapers (manager/support.py) reap nothing, for the manager's attempts are this
+#: process's own children and their exit statuses are the manager's to collect
+IN_PROCESS_MANAGERS = [0]
+#: held by a reaper for a whole round of reaping, so that no round that began before a
+#: manager started can reap that manager's attempts
+REAP_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def manager_in_this_process() -> Iterator[None]:
+    with REAP_LOCK:
+        IN_PROCESS_MANAGERS[0] += 1
+    try:
+        yield
+    finally:
+        with REAP_LOCK:
+            IN_PROCESS_MANAGERS[0] -= 1
+
+
 def serve_in_process(ws: Workspace, *, idle: float = 0.0) -> tuple[Manager, int]:
     """Run a manager (two workers, quiet) in this process on `ws` until it has been idle for
     `idle` s; one that is not idle within a minute is stopped, and fails the test. The
@@ -71,7 +91,8 @@ def serve_in_process(ws: Workspace, *, idle: float = 0.0) -> tuple[Manager, int]
     watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
     watchdog.start()
     try:
-        rc = manager.run(install_signals=False)
+        with manager_in_this_process():
+            rc = manager.run(install_signals=False)
     finally:
         watchdog.cancel()
     assert not manager._stop_now, "the manager did not become idle within a minute"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from httk_flow.protocol import layout
+from httk_flow.protocol import layout, logstream
 from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
@@ -24,6 +24,7 @@ DOCUMENTED = {
     layout.format_file(WS),
     layout.marker_path(WS, "<kind>", "<placement>", "<marker>"),
     layout.segment_path(layout.journal_dir(WS), "<writer>", 0).replace("/0.", "/<n>."),
+    f"{logstream.writer_dir(WS, '<writer>')}/{logstream.segment_name(0)}".replace("/0.", "/<n>."),
     layout.program_path(WS, "<sha256>"),
     layout.bundle_dir(WS, "<sha256>") + "/",
     layout.class_file(WS, "<class>"),

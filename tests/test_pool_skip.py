@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import plant_marker
+from helpers import manager_in_this_process, plant_marker
 from nfs.faultfs import Recorder
 
 from httk_flow.manager.config import ManagerConfig
@@ -193,7 +193,8 @@ def test_a_manager_of_one_pool_runs_its_jobs_beside_another_pools_backlog(
     watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
     watchdog.start()
     try:
-        rc = manager.run(install_signals=False)
+        with manager_in_this_process():
+            rc = manager.run(install_signals=False)
     finally:
         watchdog.cancel()
     assert rc == 0 and not manager._stop_now

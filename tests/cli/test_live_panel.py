@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from helpers import wait_for
+from helpers import manager_in_this_process, wait_for
 from manager.support import FLOW, Managers, submit, write_script
 from rich.console import Console
 
@@ -80,7 +80,8 @@ def test_a_manager_feeds_its_reporter_the_failures_its_news_and_a_last_report(
     rec = Recorder()
     try:
         m = Manager(workspace, ManagerConfig(workers=2, exit_when_idle=0), reporter=rec)
-        assert m.run(install_signals=False) == 1
+        with manager_in_this_process():
+            assert m.run(install_signals=False) == 1
     finally:
         workspace.close()
     serving, failed, summary = rec.lines

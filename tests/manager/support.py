@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from helpers import processes, processes_with_env, wait_for
+from helpers import IN_PROCESS_MANAGERS, REAP_LOCK, processes, processes_with_env, wait_for
 
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs
@@ -290,10 +290,15 @@ class OrphanReaper:
         return [(p.pid, p.state) for p in processes() if p.ppid == me and p.pgid != my_group]
 
     def reap(self) -> None:
-        for pid, state in self.orphans():
-            if state == "Z":
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
+        with REAP_LOCK:
+            if IN_PROCESS_MANAGERS[0]:
+                # a manager in this process would find its attempt reaped and its status
+                # lost (recorded as a process failure, and the job run again)
+                return
+            for pid, state in self.orphans():
+                if state == "Z":
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
 
 
 def processes_of(root: str) -> list[int]:

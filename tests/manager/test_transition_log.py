@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import orjson
-from helpers import wait_for
+from helpers import manager_in_this_process, wait_for
 
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
@@ -177,7 +177,8 @@ def test_a_claim_released_by_a_drain_is_logged(tmp_path: Path, scripts: Path) ->
                 manager.begin_drain("signal SIGTERM")
 
         ws.on_transition.append(drain_on_claim)
-        assert manager.run(install_signals=False) == 0
+        with manager_in_this_process():
+            assert manager.run(install_signals=False) == 0
         lines = transition_lines(out.getvalue())
         final = list(jobs.all_jobs(ws))
         assert [h.state for h in final] == [State.READY, State.READY], out.getvalue()
