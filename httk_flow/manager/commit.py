@@ -17,14 +17,14 @@ from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
-from httk_flow.manager.tidy import Streamed, Tidy
+from httk_flow.manager.tidy import Tidy
 from httk_flow.protocol import staging
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
 from httk_flow.protocol.frames import Body, Evidence, Failure, Frame, Last, Result, Snapshot
 from httk_flow.protocol.jobs import load_spec
 from httk_flow.protocol.jobspec import JobSpec, ParentRef
-from httk_flow.protocol.logstream import LogWriter
+from httk_flow.protocol.logstream import LogWriter, Streamed
 from httk_flow.protocol.names import MAX_PRIORITY
 from httk_flow.protocol.outcome import MAX_MESSAGE, ChildDef, TornOutcome, read_outcome
 from httk_flow.protocol.states import State

@@ -16,11 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from httk_flow.protocol import layout
-from httk_flow.protocol.logstream import MAX_STREAMED, Header, LogWriter
+from httk_flow.protocol.logstream import MAX_STREAMED, Header, LogWriter, Streamed
 from httk_flow.protocol.names import RecordRef
-
-#: (stream, record) of each output a commit appended to its manager's log segments
-Streamed = tuple[tuple[str, RecordRef], ...]
 
 
 def _name(path_of: Callable[[str], str]) -> str:

@@ -11,13 +11,9 @@ from httk_flow.errors import UsageError
 from httk_flow.ops.gc import DAY
 from httk_flow.ops.lookup import view
 from httk_flow.protocol import layout
-from httk_flow.protocol.logstream import read_record
-from httk_flow.protocol.names import RecordRef
+from httk_flow.protocol.logstream import Streamed, read_record
 from httk_flow.protocol.transition import JobHandle, locate_key
 from httk_flow.protocol.workspace import Workspace
-
-#: (stream, record) of an attempt's streamed output
-Logs = tuple[tuple[str, RecordRef], ...]
 
 
 def attempt_dir(ws: Workspace, job: JobHandle, attempt: int | None) -> str:
@@ -31,7 +27,7 @@ def _chosen(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, in
     return adir, n, collectable
 
 
-def _attempt(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, int, bool, Logs]:
+def _attempt(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, int, bool, Streamed]:
     """_chosen, and where its commit streamed its output (policy `logs: stream`)."""
     attempts = view(ws, job).attempts
     if not attempts:

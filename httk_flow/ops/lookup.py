@@ -15,7 +15,7 @@ from httk_flow.protocol.frames import AttemptRecord, Failure, Frame, Result
 from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.jobs import all_jobs, history, load_spec
 from httk_flow.protocol.jobspec import JobSpec, duration_words
-from httk_flow.protocol.names import RecordRef
+from httk_flow.protocol.logstream import Streamed
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
@@ -190,7 +190,7 @@ class AttemptView:
     ended: float | None
     result: Result | None
     #: where its commit streamed its output (policy `logs: stream`): (stream, record)
-    logs: tuple[tuple[str, RecordRef], ...] | None = None
+    logs: Streamed | None = None
 
     @property
     def limit(self) -> float | None:

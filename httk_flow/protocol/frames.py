@@ -27,6 +27,7 @@ from httk_flow.protocol.frame_fields import (
     opt_str,
     put,
 )
+from httk_flow.protocol.logstream import STREAMS, Streamed
 from httk_flow.protocol.members import (
     AttemptRecord,
     Changes,
@@ -114,7 +115,7 @@ class Body:
     requests: tuple[str, ...] | None = None  # request files this move applied (once)
     set_priority: int | None = None  # the priority the final frame of a commit takes
     #: where a commit streamed the attempt's output: (stream, log record) (logstream.py)
-    logs: tuple[tuple[str, RecordRef], ...] | None = None
+    logs: Streamed | None = None
     extra: tuple[tuple[str, Any], ...] = ()  # members a newer version wrote: kept as is
 
     def carry(self, **members: Any) -> Body:
@@ -262,7 +263,7 @@ def check_frame(d: Mapping[str, Any]) -> str | None:
 _STATE_NAMES = frozenset(s.value for s in State)
 
 
-def _logs(value: object) -> tuple[tuple[str, RecordRef], ...] | None:
+def _logs(value: object) -> Streamed | None:
     """A frame's `logs` member: {"stdout": "<record ref>", ...} (protocol revision 5)."""
     if value is None:
         return None
@@ -270,7 +271,7 @@ def _logs(value: object) -> tuple[tuple[str, RecordRef], ...] | None:
         raise BadFrame("logs")
     out = []
     for stream, text in value.items():
-        if stream not in ("stdout", "stderr") or not isinstance(text, str):
+        if stream not in STREAMS or not isinstance(text, str):
             raise BadFrame("logs")
         try:
             out.append((stream, RecordRef.parse(text)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -141,18 +142,46 @@ class GroupSync:
 
     def __init__(self, anchor: str) -> None:
         self.anchor = anchor
+        #: syncfs flushes everything: nothing needs to be noted one by one
+        self._whole = _syncfs_call() is not None
+        self._pending = False
         self.files: list[str] = []
         self.dirs: set[str] = set()
 
     def file(self, path: str) -> None:
-        self.files.append(path)
+        self._pending = True
+        if not self._whole:
+            self.files.append(path)
 
     def dir(self, path: str) -> None:
-        self.dirs.add(path)
+        self._pending = True
+        if not self._whole:
+            self.dirs.add(path)
+
+    def tree(self, top: str) -> None:
+        """Every file and directory below `top` (a copied input tree)."""
+        self._pending = True
+        if not self._whole:
+            for d, _dirs, files in os.walk(top):
+                self.dirs.add(d)
+                self.files += [os.path.join(d, f) for f in files]
 
     def flush(self) -> None:
         """Everything noted is on stable storage when this returns (or it raises)."""
-        if (self.files or self.dirs) and not _syncfs(self.anchor):
+        if not self._pending:
+            return
+        call = _syncfs_call()
+        if call is not None:
+            fd = os.open(self.anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                if call(fd) != 0:
+                    import ctypes  # loaded already: _syncfs_call found the call through it
+
+                    e = ctypes.get_errno()
+                    raise OSError(e, os.strerror(e), self.anchor)
+            finally:
+                os.close(fd)
+        else:
             for path in self.files:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
@@ -161,36 +190,19 @@ class GroupSync:
                     os.close(fd)
             for d in self.dirs:
                 fsync_dir(d)
-        self.files, self.dirs = [], set()
+        self._pending, self.files, self.dirs = False, [], set()
 
 
-#: libc's syncfs, looked up on first use (None: not there; False: not looked up yet)
-_SYNCFS: list[object] = [False]
-
-
-def _syncfs(anchor: str) -> bool:
-    """syncfs(2) on the filesystem holding `anchor`; False where there is no such call
-    (or HTTK_FLOW_NO_SYNCFS is set: the tests run the fallback too)."""
+@functools.cache
+def _syncfs_call() -> Callable[[int], int] | None:
+    """libc's syncfs(2), looked up once; None where there is none (or HTTK_FLOW_NO_SYNCFS
+    is set: the tests run the fallback too)."""
     if os.environ.get("HTTK_FLOW_NO_SYNCFS"):
-        return False
-    if _SYNCFS[0] is False:
-        import ctypes  # only durable workspaces pay for it
+        return None
+    import ctypes  # only durable workspaces pay for it
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        _SYNCFS[0] = getattr(libc, "syncfs", None)
-    call = _SYNCFS[0]
-    if call is None:
-        return False
-    fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if call(fd) != 0:  # type: ignore[operator]
-            import ctypes
-
-            e = ctypes.get_errno()
-            raise OSError(e, os.strerror(e), anchor)
-    finally:
-        os.close(fd)
-    return True
+    call: Callable[[int], int] | None = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+    return call
 
 
 def write_file(path: str, data: bytes, *, durable: bool, mode: int = 0o644) -> None:

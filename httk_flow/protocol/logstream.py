@@ -25,6 +25,8 @@ from httk_flow.protocol.names import RecordRef
 MAX_STREAMED = 4 * 1024 * 1024
 #: the streams an attempt has
 STREAMS = ("stdout", "stderr")
+#: (stream, record) of each output a commit streamed: a final frame's `logs`
+Streamed = tuple[tuple[str, RecordRef], ...]
 _MAX_HEADER = 512
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
 

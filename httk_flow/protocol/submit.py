@@ -388,19 +388,11 @@ class Submitter:
                 files = layout.files_dir(tmp)
                 copy_inputs(req.inputs, files, req.input_max)
                 if sync is not None:
-                    _note_tree(sync, files)
+                    sync.tree(files)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return tmp
-
-
-def _note_tree(sync: GroupSync, top: str) -> None:
-    """Every file and directory of a copied input tree, for the batch's flush."""
-    for d, _dirs, files in os.walk(top):
-        sync.dir(d)
-        for f in files:
-            sync.file(os.path.join(d, f))
 
 
 def move_birth(
