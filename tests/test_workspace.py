@@ -211,3 +211,75 @@ def test_structured_garbage_as_a_format_file_only_raises_flow_errors(
         return
     assert fmt.policy.lease > 0
     assert fmt.policy.segment_bytes >= 4096
+
+
+# -- the state-directory check (a planted symlink must not lead markers out) ------------
+
+
+@pytest.mark.parametrize("level", ["kind", "placement", "shard"])
+def test_a_state_directory_leading_out_of_the_tree_is_refused_at_any_level(
+    tmp_path: Path, level: str
+) -> None:
+    ws = Workspace.create(str(tmp_path / "ws"))
+    outside = tmp_path / "outside"
+    (outside / "jobs" / "ab").mkdir(parents=True)
+    kind = Path(ws.state_dir(State.SUCCEEDED))
+    shard = kind / "jobs" / "ab"
+    planted = {"kind": kind, "placement": kind / "jobs", "shard": shard}[level]
+    if planted.exists():
+        os.rmdir(planted)
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(
+        {"kind": outside, "placement": outside / "jobs", "shard": outside / "jobs" / "ab"}[level]
+    )
+    with pytest.raises(FlowError, match="leads out of the workspace's state tree"):
+        ws.check_state_dir(str(shard))
+    # a fresh look (another process) refuses it too; nothing was cached as safe
+    with pytest.raises(FlowError, match="leads out"):
+        Workspace.open(ws.root).check_state_dir(str(shard))
+
+
+def test_a_link_that_stays_inside_the_state_tree_is_accepted(tmp_path: Path) -> None:
+    ws = Workspace.create(str(tmp_path / "ws"))
+    real = Path(ws.state_dir(State.READY)) / "jobs" / "cd"
+    real.mkdir(parents=True)
+    link = Path(ws.state_dir(State.SUCCEEDED)) / "jobs" / "cd"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(real)
+    ws.check_state_dir(str(link))
+
+
+def test_a_plain_shard_costs_one_lstat_once_its_parents_are_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = Workspace.create(str(tmp_path / "ws"))
+    base = Path(ws.state_dir(State.RUNNING)) / "jobs"
+    for shard in ("00", "01", "02"):
+        (base / shard).mkdir(parents=True)
+    ws.check_state_dir(str(base / "00"))  # the kind and placement directories, once
+    seen: list[str] = []
+    real_lstat = os.lstat
+
+    def counting(path: str, *a: object, **k: object) -> os.stat_result:
+        seen.append(str(path))
+        return real_lstat(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "lstat", counting)
+    ws.check_state_dir(str(base / "01"))
+    ws.check_state_dir(str(base / "02"))
+    ws.check_state_dir(str(base / "01"))  # remembered: no call at all
+    assert seen == [str(base / "01"), str(base / "02")]
+
+
+def test_a_directory_someone_else_made_is_resolved_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = Workspace.create(str(tmp_path / "ws"))
+    shard = Path(ws.state_dir(State.RUNNING)) / "jobs" / "0a"
+    shard.mkdir(parents=True)
+    ws.check_state_dir(str(shard))
+    resolved: list[str] = []
+    real = os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda p: resolved.append(p) or real(p))
+    ws.check_state_dir(str(shard), again=True)
+    assert resolved == [str(shard)]

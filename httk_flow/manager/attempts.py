@@ -45,7 +45,16 @@ def _base_env() -> tuple[tuple[str, str], ...]:
 @functools.lru_cache(maxsize=4096)
 def _real_dir(path: str) -> str:
     """realpath of the workspace and of placement directories, resolved once per process
-    (as Workspace.check_state_dir does): it costs an lstat per path component."""
+    (as Workspace.check_state_dir does). A plain directory (no link) is its parent's real
+    path and its name: one lstat per new shard, where realpath costs one per component."""
+    parent, _, name = path.rpartition("/")
+    if parent and name not in ("", ".", ".."):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return os.path.realpath(path)
+        if stat.S_ISDIR(st.st_mode):
+            return os.path.join(_real_dir(parent), name)
     return os.path.realpath(path)
 
 

@@ -65,11 +65,13 @@ class Committer:
         owner_died: bool = False,
     ) -> Ending:
         """Read the attempt's published outcome (if any) into an Ending."""
-        if not os.path.isdir(attempt_dir):
-            gone = f"the attempt directory {attempt_dir} vanished while it ran"
-            return Ending(exit_code, sig, None, gone)
         try:
             out = read_outcome(attempt_dir)
+            # no outcome: was there an attempt directory at all? (asked only then: an
+            # outcome read is one found in it)
+            if out is None and not os.path.isdir(attempt_dir):
+                gone = f"the attempt directory {attempt_dir} vanished while it ran"
+                return Ending(exit_code, sig, None, gone)
         except TornOutcome as e:
             if sig is not None or exit_code is None:
                 # killed, or taken over (its writer may be cut short or still writing):

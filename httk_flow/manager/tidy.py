@@ -166,7 +166,8 @@ class Tidy:
     def _outcome(xfd: int) -> None:
         """outcome.line, or outcome.ready/ holding outcome.json alone (a publication's
         children.jsonl or a duplicate keeps it)."""
-        _unlink(_LINE, xfd)
+        if _unlink(_LINE, xfd):
+            return  # the accepted outcome was the line, so there is no outcome.ready/
         rfd = _open_dir(_READY, xfd)
         if rfd is None:
             return
@@ -205,11 +206,12 @@ def _open_dir(name: str, dir_fd: int) -> int | None:
         return None
 
 
-def _unlink(name: str, dir_fd: int) -> None:
+def _unlink(name: str, dir_fd: int) -> bool:
     try:
         os.unlink(name, dir_fd=dir_fd)
     except OSError:
-        pass
+        return False
+    return True
 
 
 def _rmdir(name: str, dir_fd: int) -> None:

@@ -39,9 +39,16 @@ class FileSystem:
     def makedirs(self, path: str) -> bool:
         """mkdir -p; True when this call made `path` itself (False: something is there)."""
         try:
-            os.makedirs(path)
+            # the parent is there nearly always (a state kind, a placement): one mkdir,
+            # where os.makedirs first stats the parent
+            os.mkdir(path)
         except FileExistsError:
             return False
+        except FileNotFoundError:
+            try:
+                os.makedirs(path)
+            except FileExistsError:
+                return False
         return True
 
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:

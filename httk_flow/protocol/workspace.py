@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -300,11 +301,23 @@ class Workspace:
     def check_state_dir(self, path: str, *, again: bool = False) -> None:
         """Refuse a state directory that leads out of the state tree (a planted symlink).
 
-        Checked once per directory per process: realpath costs a few lstat calls."""
+        Checked once per directory per process. A plain directory (not a link) inside one
+        already checked, or inside the state root, is inside too: one lstat, where realpath
+        costs one per path component; a link, or `again` (someone else made it), is
+        resolved whole."""
         if path in self._safe_dirs and not again:
             return
-        if not os.path.lexists(path):
+        parent, _, name = path.rpartition("/")
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
             return  # about to be made; checked again once it exists
+        if not again and name and stat.S_ISDIR(st.st_mode):
+            if parent not in self._safe_dirs and parent.startswith(self.state_root + "/"):
+                self.check_state_dir(parent)  # each ancestor once, from the state root down
+            if parent in self._safe_dirs or parent == self.state_root:
+                self._safe_dirs.add(path)
+                return
         real = os.path.realpath(path)
         if real != self._real_state and not real.startswith(self._real_state + os.sep):
             raise UnsafePath(
