@@ -15,7 +15,7 @@ import orjson
 from httk_flow.manager.interp import bash_for, gates_in
 from httk_flow.protocol import layout, programs
 from httk_flow.protocol.frames import Snapshot
-from httk_flow.protocol.fsio import write_file
+from httk_flow.protocol.fsio import real_dir, write_file
 from httk_flow.protocol.jobspec import JobSpec
 from httk_flow.protocol.names import attempt_name
 from httk_flow.protocol.workspace import Workspace
@@ -42,22 +42,6 @@ def _base_env() -> tuple[tuple[str, str], ...]:
     return tuple(os.environ.items())
 
 
-@functools.lru_cache(maxsize=4096)
-def _real_dir(path: str) -> str:
-    """realpath of the workspace and of placement directories, resolved once per process
-    (as Workspace.check_state_dir does). A plain directory (no link) is its parent's real
-    path and its name: one lstat per new shard, where realpath costs one per component."""
-    parent, _, name = path.rpartition("/")
-    if parent and name not in ("", ".", ".."):
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return os.path.realpath(path)
-        if stat.S_ISDIR(st.st_mode):
-            return os.path.join(_real_dir(parent), name)
-    return os.path.realpath(path)
-
-
 def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> bool:
     """A job directory or attempts/ that is a symlink out of the workspace is refused.
 
@@ -72,8 +56,8 @@ def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> bool:
         if not exists:
             raise OSError(errno.ELOOP, "is a symbolic link; refusing to write through it", attempts)
     # job_dir itself is no symlink (checked above): its parent's real path places it
-    real = os.path.join(_real_dir(os.path.dirname(job_dir)), os.path.basename(job_dir))
-    if not real.startswith(_real_dir(ws.root) + os.sep):
+    real = os.path.join(real_dir(os.path.dirname(job_dir)), os.path.basename(job_dir))
+    if not real.startswith(real_dir(ws.root) + os.sep):
         raise OSError(errno.EXDEV, "lies outside the workspace", job_dir)
     return exists
 

@@ -246,6 +246,22 @@ def atomic_write(path: str, data: bytes, *, durable: bool, tmp_dir: str | None =
         fsync_dir(os.path.dirname(path))
 
 
+@functools.lru_cache(maxsize=4096)
+def real_dir(path: str) -> str:
+    """realpath of a directory that is there, resolved once per process: a plain directory
+    (no link) is its parent's real path and its name, so a new shard costs one lstat where
+    realpath costs one per path component. A link, or anything else, is resolved whole."""
+    parent, _, name = path.rpartition("/")
+    if parent and name not in ("", ".", ".."):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return os.path.realpath(path)
+        if stat.S_ISDIR(st.st_mode):
+            return os.path.join(real_dir(parent), name)
+    return os.path.realpath(path)
+
+
 def makedirs(path: str) -> None:
     fs.makedirs(path)  # there already is as good as made
 

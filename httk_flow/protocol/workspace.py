@@ -15,7 +15,7 @@ import orjson
 
 from httk_flow.errors import UnsafePath, UsageError, WorkspaceError
 from httk_flow.protocol import layout
-from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir
+from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir, real_dir
 from httk_flow.protocol.journal import JournalReader, JournalWriter
 from httk_flow.protocol.names import Marker, new_id
 from httk_flow.protocol.states import State
@@ -301,9 +301,8 @@ class Workspace:
     def check_state_dir(self, path: str, *, again: bool = False) -> None:
         """Refuse a state directory that leads out of the state tree (a planted symlink).
 
-        Checked once per directory per process. A plain directory (not a link) inside one
-        already checked, or inside the state root, is inside too: one lstat, where realpath
-        costs one per path component; a link, or `again` (someone else made it), is
+        Checked once per directory per process: a plain directory is its parent's real
+        path (fsio.real_dir, one lstat); a link, or `again` (someone else made it), is
         resolved whole."""
         if path in self._safe_dirs and not again:
             return
@@ -313,12 +312,9 @@ class Workspace:
         except FileNotFoundError:
             return  # about to be made; checked again once it exists
         if not again and name and stat.S_ISDIR(st.st_mode):
-            if parent not in self._safe_dirs and parent.startswith(self.state_root + "/"):
-                self.check_state_dir(parent)  # each ancestor once, from the state root down
-            if parent in self._safe_dirs or parent == self.state_root:
-                self._safe_dirs.add(path)
-                return
-        real = os.path.realpath(path)
+            real = os.path.join(real_dir(parent), name)
+        else:
+            real = os.path.realpath(path)
         if real != self._real_state and not real.startswith(self._real_state + os.sep):
             raise UnsafePath(
                 "leads out of the workspace's state tree; refusing to use it",
