@@ -40,6 +40,9 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
+#: seconds between two looks at the running markers of our attempts (check_fenced)
+FENCE_LOOK = 0.1
+
 
 class LocalAttempts:
     def __init__(
@@ -72,6 +75,7 @@ class LocalAttempts:
         self.in_place = InPlaceCheck()
         #: jobs failed before their attempt could start, reported by the next reap
         self._refused: list[Finished] = []
+        self._fence_looked = -1e18
 
     def __len__(self) -> int:
         # a commit still to be retried holds its slot: nothing is done until it lands
@@ -430,7 +434,14 @@ class LocalAttempts:
     def check_fenced(self) -> None:
         """Stop attempts whose running marker was moved away: a cancel fenced them, or
         another manager took the job over while we were frozen or cut off (its outcome
-        would be ignored: the work is wasted, and may get in the new attempt's way)."""
+        would be ignored: the work is wasted, and may get in the new attempt's way).
+
+        At most every FENCE_LOOK seconds: a tick comes at every exit, and a commit checks
+        its marker by its own rename anyway; this only stops wasted work sooner."""
+        mono = time.monotonic()
+        if mono - self._fence_looked < FENCE_LOOK:
+            return
+        self._fence_looked = mono
         for key, la in list(self.by_key.items()):
             if la.term_at is not None or os.path.lexists(la.job.path(self.ws)):
                 continue

@@ -77,9 +77,28 @@ class FileSystem:
                 raise UnsafePath("is not a regular file", obj=path)
             if st.st_size > limit:
                 raise UnsafePath(f"is larger than {limit} bytes", obj=path)
-            return os.read(fd, limit + 1)
+            return _read_to_end(fd, st.st_size, limit)
         finally:
             os.close(fd)
+
+
+def _read_to_end(fd: int, size: int, limit: int) -> bytes:
+    """At most limit + 1 bytes of fd, asking first for the size fstat gave (and one more):
+    a buffer of `limit` is a fresh mmap, mremap and munmap per read once over malloc's
+    threshold (1 MiB outcomes and job.json), three system calls more than the read."""
+    want = min(size, limit) + 1
+    data = os.read(fd, want)
+    if len(data) < want:
+        return data  # the end of the file: the common case, one read
+    chunks = [data]
+    got = len(data)
+    while got <= limit:  # it grew since the fstat: read on to the end or past the limit
+        more = os.read(fd, limit + 1 - got)
+        if not more:
+            break
+        chunks.append(more)
+        got += len(more)
+    return b"".join(chunks)
 
 
 def check_owned(st: os.stat_result, path: str) -> None:
@@ -271,7 +290,7 @@ def makedirs(path: str) -> None:
 RECREATE_TRIES: Final = 32
 
 
-def rename_recreating(src: str, dst: str, on_made: Callable[[str], None] | None = None) -> None:
+def rename_recreating(src: str, dst: str, on_made: Callable[[str], object] | None = None) -> None:
     """rename(src, dst), making dst's directory when it is missing and trying again.
 
     A state shard directory may be removed once empty (protocol.md §1), also between our

@@ -106,10 +106,15 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
     """Rename old -> new, making the target directory when missing, resolving any error."""
     src, dst = old.path(ws), new.path(ws)
     dst_dir = os.path.dirname(dst)
-    ws.check_state_dir(dst_dir)
     try:
-        # the first job of this placement in this state, or a directory retired once
-        # empty (§1): it is made again and the rename tried again
+        if not ws.check_state_dir(dst_dir):
+            # the first job of this placement in this state, or a directory retired once
+            # empty (§1): made before the rename, rather than after a rename that failed
+            if fs.makedirs(dst_dir):
+                ws.made_state_dir(dst_dir)
+            else:
+                ws.check_state_dir(dst_dir, again=True)  # someone else made it meanwhile
+        # retired again before our rename: made again and the rename tried again
         rename_recreating(src, dst, lambda d: ws.check_state_dir(d, again=True))
     except OSError as e:
         _resolve(ws, old, new, e)

@@ -298,23 +298,32 @@ class Workspace:
         os.makedirs(path, exist_ok=True)
         self._known_dirs.add(path)
 
-    def check_state_dir(self, path: str, *, again: bool = False) -> None:
+    def check_state_dir(self, path: str, *, again: bool = False) -> bool:
         """Refuse a state directory that leads out of the state tree (a planted symlink).
 
         Checked once per directory per process: a plain directory is its parent's real
         path (fsio.real_dir, one lstat); a link, or `again` (someone else made it), is
-        resolved whole."""
+        resolved whole. False when there is no such directory (nothing to check yet)."""
         if path in self._safe_dirs and not again:
-            return
+            return True
         parent, _, name = path.rpartition("/")
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return  # about to be made; checked again once it exists
+            return False  # about to be made; checked again once it exists
         if not again and name and stat.S_ISDIR(st.st_mode):
-            real = os.path.join(real_dir(parent), name)
+            self._place_state_dir(path, os.path.join(real_dir(parent), name))
         else:
-            real = os.path.realpath(path)
+            self._place_state_dir(path, os.path.realpath(path))
+        return True
+
+    def made_state_dir(self, path: str) -> None:
+        """A state directory this process has just made with mkdir: a plain directory,
+        so its parent's real path and its name place it, with no call for itself."""
+        parent, _, name = path.rpartition("/")
+        self._place_state_dir(path, os.path.join(real_dir(parent), name))
+
+    def _place_state_dir(self, path: str, real: str) -> None:
         if real != self._real_state and not real.startswith(self._real_state + os.sep):
             raise UnsafePath(
                 "leads out of the workspace's state tree; refusing to use it",
