@@ -6,8 +6,13 @@ Each repetition runs, in this order: `xargs -P2 bash -c true`, bash-API no-op jo
 (`flow_succeed`) under each tree, `xargs -P2 sh -c true`, and `/bin/true` jobs under each
 tree; every flow side is `flow submit --array 1-N` then `flow run --workers 2` to idle in a
 fresh workspace. Reported per side: the median rate, CPU per job (the whole process tree,
-from wait4) and inodes left per job by the run (after submission); and the median of the
-per-repetition ratios, so that a shared machine's load cancels out (docs/benchmarks.md).
+from wait4), the manager's own share of it (its getrusage(RUSAGE_SELF) at exit), and
+inodes left per job by the run (after submission); and the median of the per-repetition
+ratios, so that a shared machine's load cancels out (docs/benchmarks.md).
+
+Both trees are byte-compiled first (compileall), as an installed package is: with
+PYTHONDONTWRITEBYTECODE set, an uncompiled tree would compile its modules at every
+start, a fixed cost of about 0.1 s of CPU per `flow run` that no installation pays.
 """
 
 from __future__ import annotations
@@ -29,7 +34,21 @@ step_main() { flow_succeed; }
 flow_main "$@"
 """
 
-Point = tuple[float, float, float]  # jobs/s, CPU ms per job, inodes per job
+Point = tuple[float, float, float, float]  # jobs/s, CPU ms/job, manager CPU ms/job, inodes/job
+
+#: `flow ...` in-process, writing the manager's own CPU seconds (RUSAGE_SELF: not its
+#: children) to the file named first
+_SELF_CPU = """
+import resource, sys
+out, sys.argv = sys.argv[1], ["flow", *sys.argv[2:]]
+from httk_flow.cli.main import main
+try:
+    main()
+finally:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    with open(out, "w") as fh:
+        fh.write(str(ru.ru_utime + ru.ru_stime))
+"""
 
 
 def _timed(argv: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[float, float]:
@@ -61,15 +80,19 @@ def flow_side(tree: str, program: str, n: int, tmp: str) -> Point:
     submit = [*flow, "-w", ws, "submit", "--array", f"1-{n}", program]
     subprocess.run(submit, env=env, cwd=d, check=True, stdout=subprocess.DEVNULL)
     before = _entries(ws)
-    secs, cpu = _timed([*flow, "-w", ws, "run", "--workers", "2", "--quiet"], env, cwd=d)
+    own = os.path.join(d, "manager-cpu")
+    run = [sys.executable, "-P", "-c", _SELF_CPU, own, "-w", ws, "run", "--workers", "2"]
+    secs, cpu = _timed([*run, "--quiet"], env, cwd=d)
+    with open(own) as fh:
+        manager = float(fh.read())
     left = _entries(ws) - before
     shutil.rmtree(d)
-    return n / secs, cpu / n * 1000, left / n
+    return n / secs, cpu / n * 1000, manager / n * 1000, left / n
 
 
 def xargs_side(shell: str, n: int) -> Point:
     secs, cpu = _timed(["sh", "-c", f"seq {n} | xargs -P2 -n1 {shell} -c true"], dict(os.environ))
-    return n / secs, cpu / n * 1000, 0.0
+    return n / secs, cpu / n * 1000, 0.0, 0.0
 
 
 def main() -> None:
@@ -80,6 +103,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     n = args.jobs
+    for tree in (args.base, args.new):
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", os.path.join(tree, "httk_flow")], check=True
+        )
     tmp = tempfile.mkdtemp(prefix="flow-ab-")
     sides: list[tuple[str, Callable[[], Point]]] = [
         ("xargs -P2 bash -c true", lambda: xargs_side("bash", n)),
@@ -99,12 +126,15 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     loads.append(os.getloadavg()[0])
-    print(f"{'side':26s} {'jobs/s':>8s} {'CPU ms/job':>11s} {'inodes/job':>11s}")
+    print(
+        f"{'side':26s} {'jobs/s':>8s} {'CPU ms/job':>11s} {'manager':>8s} {'jobs':>6s}"
+        f" {'inodes/job':>11s}"
+    )
     for name, pts in got.items():
-        rate = statistics.median(p[0] for p in pts)
-        cpu = statistics.median(p[1] for p in pts)
-        inodes = statistics.median(p[2] for p in pts)
-        print(f"{name:26s} {rate:8.0f} {cpu:11.2f} {inodes:11.2f}")
+        rate, cpu, manager, inodes = (statistics.median(p[i] for p in pts) for i in range(4))
+        print(
+            f"{name:26s} {rate:8.0f} {cpu:11.2f} {manager:8.2f} {cpu - manager:6.2f} {inodes:11.2f}"
+        )
     pairs = [
         ("base: bash-API jobs", "xargs -P2 bash -c true"),
         ("new: bash-API jobs", "xargs -P2 bash -c true"),
