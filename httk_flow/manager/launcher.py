@@ -66,12 +66,15 @@ EXEC_ERROR = "exec"  # the exec itself failed; its exit status follows (127, 126
 #: wait for the gate, then become the program. Before the exec it looks the program up
 #: with the shell's builtins (a file: executable and not a directory; a name: found on
 #: PATH): one that cannot be executed is said in $5 and on stderr, and the launcher exits
-#: 127 or 126 as a shell does. An exec that fails all the same (a #! interpreter that is
-#: missing) is said in $5 by the EXIT trap where the shell runs it (dash does; bash ends
-#: at once), so a program's own exit 127 is never taken for the launcher's.
+#: 127 or 126 as a shell does (`command exec`: a redirection that fails on the special
+#: builtin exec would end sh at once, with 2). An exec that fails all the same (a #!
+#: interpreter that is missing) is said in $5 by the EXIT trap where the shell runs it
+#: (dash does; bash ends at once), so a program's own exit 127 is never taken for the
+#: launcher's.
 _SCRIPT = (
-    f'exec >>"$1" 2>>"$2" || exit 126; if [ -n "$3" ]; then printf %s "${_CONTEXT_VAR}" >"$3" '
-    f'|| exit 126; fi; unset {_CONTEXT_VAR}; cd -- "$4" || exit 126; _flow_x=$5; shift 5; '
+    'command exec >>"$1" 2>>"$2" || exit 126; '
+    f'if [ -n "$3" ]; then printf %s "${_CONTEXT_VAR}" >"$3" || exit 126; fi; '
+    f'unset {_CONTEXT_VAR}; cd -- "$4" || exit 126; _flow_x=$5; shift 5; '
     f"read -r _ || exit {GATE_CLOSED}; _flow_w=; "
     'case $1 in */*) if [ -f "$1" ] && [ -x "$1" ]; then :; elif [ -e "$1" ]; '
     f"then _flow_w={NOT_EXECUTABLE}; else _flow_w={NOT_FOUND}; fi;; "

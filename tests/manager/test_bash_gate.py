@@ -348,6 +348,33 @@ def test_a_program_s_own_exit_126_or_127_is_its_own(
     assert read_exec_failure(str(attempt.dir / "exec.failed"), status) is None
 
 
+@pytest.mark.parametrize("which", LAUNCHERS)
+def test_output_that_cannot_be_opened_ends_either_launcher_with_126_before_the_program(
+    tmp_path: Path, which: str
+) -> None:
+    # /bin/sh (dash) ends at once, with 2, on a failed redirection of the special builtin
+    # exec unless `command` takes that away: the launcher must say 126 like bash's gate
+    side = tmp_path / "side-effect"
+    prog = program(tmp_path, f"touch '{side}'\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    p = launch(
+        [prog],
+        cwd=str(work),
+        env={"PATH": PATH, "LANG": "C.UTF-8"},
+        stdout=str(tmp_path / "no-such-dir" / "stdout"),
+        stderr=str(tmp_path / "stderr"),
+        exec_failure=str(tmp_path / "exec.failed"),
+        bash=launcher_of(which, prog),
+    )
+    try:
+        p.open_gate()
+        assert p.wait() == 126
+    finally:
+        p.close()
+    assert not side.exists()
+
+
 # -- through real managers ------------------------------------------------------------------
 
 #: the first line after #! leaves a mark; the environment is noted; a0001 of a job whose
