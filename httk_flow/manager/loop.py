@@ -26,6 +26,7 @@ from httk_flow.manager.leftover import EXIT_WORK_LEFT, Leftover, leftover
 from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog, ProgressFeed, Reporter
 from httk_flow.manager.owners import OwnerOracle
+from httk_flow.manager.pace import IdlePace
 from httk_flow.manager.passes import PassContext, RecoveryPass, RegisterPass
 from httk_flow.manager.slots import Slots
 from httk_flow.protocol import layout
@@ -46,10 +47,6 @@ from httk_flow.protocol.workspace import Workspace
 
 #: a second SIGTERM this soon after the first is the batch system repeating itself
 REPEAT_SIGNAL_WINDOW = 1.0
-#: idle ticks at the poll interval before the loop sleeps longer, and the longest sleep
-#: then (seconds): new work waits at most that long for an idle manager to see it
-IDLE_TICKS = 10
-IDLE_SLEEP = 2.0
 
 
 @dataclass
@@ -84,8 +81,7 @@ class Manager:
         self._start_time = proc_start_time(os.getpid()) or 0
         self._last_beat = -1e18
         self._seq = 0
-        #: ticks in a row with nothing done and nothing running here (_pace)
-        self._idle_ticks = 0
+        self.pace = IdlePace(config.poll_interval, self.lease)
         #: why the last heartbeat could not be written (None: it was)
         self._beat_failed: str | None = None
         self.fs_clock = FsClock(ws)
@@ -380,7 +376,8 @@ class Manager:
                     else:
                         idle_since = None
                 if result.actions == 0 or len(self.local) >= self.config.workers:
-                    self._sleep(wake_r, self._pace(result))
+                    idle = not (result.actions or self.local or self.draining)
+                    self._sleep(wake_r, self.pace.after(idle))
         finally:
             if self._stop_now:
                 self.local.kill_all()
@@ -432,22 +429,6 @@ class Manager:
             if self.local.leftovers:
                 time.sleep(min(0.1, max(0.0, deadline - self.clock())))
         self.local.kill_all()
-
-    def _pace(self, result: TickResult) -> float:
-        """Seconds the loop may sleep when nothing wakes it: the poll interval, doubled
-        after each further tick in which this manager had nothing to do and nothing to
-        run, once it has been so for IDLE_TICKS ticks, up to IDLE_SLEEP (and a quarter of
-        the lease, so that heartbeats stay fresh). Every idle tick walks each state's
-        directories: a fleet of idle managers on a shared filesystem pays for each."""
-        if result.actions or self.local or self.draining:
-            self._idle_ticks = 0
-            return self.config.poll_interval
-        self._idle_ticks += 1
-        doublings = self._idle_ticks - IDLE_TICKS
-        if doublings <= 0:
-            return self.config.poll_interval
-        longest = max(self.config.poll_interval, min(IDLE_SLEEP, self.lease / 4))
-        return min(longest, self.config.poll_interval * 2.0 ** min(doublings, 8))
 
     def _sleep(self, wake_fd: int, seconds: float) -> None:
         """Until a child exits, a signal arrives, or `seconds` pass.

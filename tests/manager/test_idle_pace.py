@@ -11,47 +11,38 @@ import pytest
 from helpers import wait_for
 
 from httk_flow.manager.config import ManagerConfig
-from httk_flow.manager.loop import IDLE_SLEEP, IDLE_TICKS, Manager, TickResult
+from httk_flow.manager.loop import Manager
+from httk_flow.manager.pace import IDLE_SLEEP, IDLE_TICKS, IdlePace
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 from manager.support import Managers, job, submit, write_script
 
-NOTHING = TickResult(0, 0, 0)
+
+def test_the_sleep_doubles_after_idle_ticks_up_to_its_cap_and_work_resets_it() -> None:
+    pace = IdlePace(poll_interval=0.5, lease=30)
+    paces = [pace.after(idle=True) for _ in range(IDLE_TICKS + 4)]
+    assert paces == [0.5] * IDLE_TICKS + [1.0, 2.0, IDLE_SLEEP, IDLE_SLEEP]
+    assert pace.after(idle=False) == 0.5  # something was done: awake again
+    assert pace.after(idle=True) == 0.5
 
 
-def _manager(tmp_path: Path, **config: float) -> Manager:
+def test_a_short_lease_caps_the_idle_sleep_so_heartbeats_stay_fresh() -> None:
+    pace = IdlePace(poll_interval=0.25, lease=2)
+    assert max(pace.after(idle=True) for _ in range(IDLE_TICKS + 6)) == 0.5  # lease / 4
+
+
+def test_a_poll_interval_longer_than_the_idle_sleep_is_kept() -> None:
+    pace = IdlePace(poll_interval=5.0, lease=60)
+    assert {pace.after(idle=True) for _ in range(IDLE_TICKS + 3)} == {5.0}
+
+
+def test_a_manager_paces_with_its_own_poll_interval_and_lease(tmp_path: Path) -> None:
     ws = Workspace.create(str(tmp_path / "ws"))
-    return Manager(ws, ManagerConfig(workers=2, verbose=False, **config))  # type: ignore[arg-type]
-
-
-def test_the_sleep_doubles_after_idle_ticks_up_to_its_cap_and_work_resets_it(
-    tmp_path: Path,
-) -> None:
-    m = _manager(tmp_path, poll_interval=0.5, lease=30)
     try:
-        paces = [m._pace(NOTHING) for _ in range(IDLE_TICKS + 4)]
-        assert paces == [0.5] * IDLE_TICKS + [1.0, 2.0, IDLE_SLEEP, IDLE_SLEEP]
-        assert m._pace(TickResult(1, 1, 0)) == 0.5  # something was done: awake again
-        assert m._pace(NOTHING) == 0.5
+        m = Manager(ws, ManagerConfig(workers=2, verbose=False, poll_interval=0.25, lease=2))
+        assert (m.pace.poll_interval, m.pace.longest) == (0.25, 0.5)
     finally:
-        m.ws.close()
-
-
-def test_a_short_lease_caps_the_idle_sleep_so_heartbeats_stay_fresh(tmp_path: Path) -> None:
-    m = _manager(tmp_path, poll_interval=0.25, lease=2)
-    try:
-        paces = [m._pace(NOTHING) for _ in range(IDLE_TICKS + 6)]
-        assert max(paces) == 0.5  # a quarter of the 2 s lease
-    finally:
-        m.ws.close()
-
-
-def test_a_poll_interval_longer_than_the_idle_sleep_is_kept(tmp_path: Path) -> None:
-    m = _manager(tmp_path, poll_interval=5.0, lease=60)
-    try:
-        assert {m._pace(NOTHING) for _ in range(IDLE_TICKS + 3)} == {5.0}
-    finally:
-        m.ws.close()
+        ws.close()
 
 
 def _voluntary_switches(pid: int) -> int:
