@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -247,3 +250,75 @@ def test_tags_idents_and_labels_accept_exactly_their_grammar(text: str) -> None:
         else:
             with pytest.raises(InvalidName):
                 check(text)
+
+
+#: MARKER_RE as it was written before the key tried its untagged form first and the
+#: optional fields became `(?:...|)`: the language and the groups must be the same
+_MARKER_BEFORE = re.compile(
+    r"(?P<key>(?:[A-Za-z0-9][A-Za-z0-9_+-]{0,63}--)?[0-9a-f]{32})\.p(?P<prio>[0-9]{3})"
+    r"\.g(?P<gen>(?:0|[1-9a-z][0-9a-z]{0,12}))(?:\.t(?P<nb>[1-9a-z][0-9a-z]{0,12}))?"
+    r"(?:\.c(?P<cls>[0-9a-z]{1,16}))?(?:\.s(?P<grp>[0-9a-z]{8}))?(?P<aft>\.a)?"
+    r"\.(?P<ref>[a-z0-9]{1,24}-(?:0|[1-9a-z][0-9a-z]{0,12})-(?:0|[1-9a-z][0-9a-z]{0,12}))"
+)
+#: valid tags a careless pattern gets wrong: ending in '-', holding '--', all hex digits
+_ODD_TAGS = ["a-", "x--y", "a--", "Z_+-", "0" * 32, "f" * 64, "deadbeef"]
+_grammar_names = st.one_of(
+    st.from_regex(names.MARKER_RE, fullmatch=True),
+    st.from_regex(_MARKER_BEFORE, fullmatch=True),
+    st.builds(
+        lambda m, tag, g, a: (
+            dataclasses.replace(m, key=names.make_key(m.job_id, tag), group_digest=g, after=a).name
+        ),
+        markers,
+        st.none() | st.sampled_from(_ODD_TAGS),
+        st.just("") | st.from_regex(r"[0-9a-z]{8}", fullmatch=True),
+        st.booleans(),
+    ),
+)
+_any_names = st.one_of(
+    _grammar_names,
+    st.tuples(_grammar_names, _grammar_names).map("\n".join),
+    _grammar_names.map(lambda n: n + "\n"),
+    st.builds(
+        lambda n, i, t: n[: i % (len(n) + 1)] + t + n[i % (len(n) + 1) + 1 :],
+        _grammar_names,
+        st.integers(0, 200),
+        st.text(max_size=3),
+    ),
+    st.text(max_size=60),
+)
+
+
+@given(_any_names)
+def test_the_marker_grammar_is_the_one_it_was(name: str) -> None:
+    before, now = _MARKER_BEFORE.fullmatch(name), names.MARKER_RE.fullmatch(name)
+    assert (before is None) == (now is None)
+    if before is not None and now is not None:
+        assert before.groupdict() == now.groupdict()
+
+
+#: what a directory can hold: no empty name, none with "/" or NUL
+_file_names = _any_names.filter(lambda n: n != "" and "/" not in n and "\0" not in n)
+
+
+@given(st.lists(_file_names, min_size=1, max_size=20))
+def test_one_search_finds_the_markers_one_match_per_name_finds(given_names: list[str]) -> None:
+    """What each marker_scan finds in SCAN_SEP + the names joined by it + SCAN_SEP, and
+    what it leaves, name by name (a newline in a name forges nothing)."""
+    sep = names.SCAN_SEP
+    text = sep + sep.join(given_names) + sep
+    found = [m for n in given_names if (m := names.MARKER_RE.fullmatch(n)) is not None]
+    rest = "".join(sep + n for n in given_names if names.MARKER_RE.fullmatch(n) is None)
+    assert names.marker_scan().subn("", text) == (rest + sep, len(found))
+    assert names.marker_scan("nb_cls").findall(text) == [
+        (f".t{m['nb']}" if m["nb"] else "") + (f".c{m['cls']}" if m["cls"] else "") for m in found
+    ]
+    for fields in set(names.marker_scan("nb_cls").findall(text)):
+        assert names.NB_CLS_RE.fullmatch(fields) is not None
+    assert names.marker_scan("aft").findall(text) == [m["aft"] or "" for m in found]
+    assert names.marker_scan("key").findall(text) == [m["key"] for m in found]
+
+
+def test_a_scan_refuses_a_group_the_grammar_does_not_have() -> None:
+    with pytest.raises(ValueError):
+        names.marker_scan("no such group")

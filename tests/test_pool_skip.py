@@ -16,13 +16,8 @@ from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
 from httk_flow.ops.status import workspace_status
 from httk_flow.protocol import discovery, names
-from httk_flow.protocol.discovery import (
-    RETIRE_MIN_BYTES,
-    MarkerStream,
-    count_markers,
-    tally_markers,
-    walk_all,
-)
+from httk_flow.protocol.counting import count_markers, tally_markers
+from httk_flow.protocol.discovery import RETIRE_MIN_BYTES, MarkerStream, walk_all
 from httk_flow.protocol.frames import Body
 from httk_flow.protocol.fsio import set_filesystem
 from httk_flow.protocol.names import Marker, RecordRef, marker_service, new_id

@@ -18,7 +18,8 @@ from typing import IO, Any, Protocol
 import orjson
 
 from httk_flow.errors import FlowError
-from httk_flow.protocol.discovery import count_markers, walk_all
+from httk_flow.protocol.counting import count_markers
+from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle

@@ -21,8 +21,10 @@ from httk_flow.ops.fit import (
 )
 from httk_flow.ops.managers import DeadHold, ManagerView, look
 from httk_flow.ops.select import Selection, matcher
-from httk_flow.protocol import requests
-from httk_flow.protocol.discovery import count_markers, tally_markers, walk_all
+from httk_flow.protocol import layout, requests
+from httk_flow.protocol.counting import count_after, count_markers, tally_markers
+from httk_flow.protocol.discovery import walk_all
+from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.leases import Liveness, read_managers
 from httk_flow.protocol.maintenance import read_lock
@@ -116,6 +118,7 @@ def workspace_status(
     groups: dict[str, Counter[State]] = {}
     waiting_classes: Counter[str] = Counter()
     backoff = 0
+    deps: int | None = None  # waiting jobs whose dependencies have not all ended
     times = times or TimeRequests(ws)
     ready_look, submitted_look = times.look(), times.look()
     keep = matcher(ws, sel) if sel is not None and sel.filters_but_all else None
@@ -137,7 +140,10 @@ def workspace_status(
             continue
         if by == "state" and not walk and keep is None:
             # only names are needed here: count them without building a handle each
-            counts[st] = count_markers(ws, st)
+            if st is State.WAITING:
+                counts[st], deps = count_after(ws, st)
+            else:
+                counts[st] = count_markers(ws, st)
             continue
         for h in walk_all(ws, st):
             if keep is not None and not keep(h):
@@ -230,17 +236,24 @@ def workspace_status(
         blocked.append(("waiting out a retry backoff", backoff))
     if counts[State.WAITING]:
         # by name alone: `.a` marks a job whose dependencies (--after) have not all ended
-        deps = sum(
-            1 for h in walk_all(ws, State.WAITING) if h.marker.after and (keep is None or keep(h))
-        )
+        if deps is None:
+            deps = sum(
+                1
+                for h in walk_all(ws, State.WAITING)
+                if h.marker.after and (keep is None or keep(h))
+            )
         if deps:
             blocked.append(
                 ("waiting for dependencies that have not ended (`flow show JOB` names them)", deps)
             )
-    from httk_flow.scale.allocation_records import AllocationStore  # lazy: allocations reads status
+    paused = None
+    # the allocation records' module only if there is a pause to read (importing it is most
+    # of what this check would cost)
+    if counts[State.READY] and fs.exists(layout.allocations_paused(ws.root)):
+        from httk_flow.scale.allocation_records import AllocationStore  # lazy: it reads status
 
-    paused = AllocationStore(ws).paused()
-    if paused and counts[State.READY]:
+        paused = AllocationStore(ws).paused()
+    if paused:
         blocked.append((f"allocation queue paused: {paused}", counts[State.READY]))
     merged: Counter[str] = Counter()
     for reason, n in blocked:

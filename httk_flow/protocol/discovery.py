@@ -6,17 +6,15 @@ stopped; a full cycle visits every placement. Nothing is listed whole or sorted.
 
 from __future__ import annotations
 
-import operator
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from httk_flow.protocol.fsio import fs, retire_dir
 from httk_flow.protocol.handles import JobHandle
-from httk_flow.protocol.names import MARKER_RE, MARKER_TALLY_RE, Marker
+from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -288,49 +286,6 @@ def walk_all(
                 yield from stream.next_batch(4096)
         finally:
             stream.close()
-
-
-def _file_names(ws: Workspace, state: State) -> Iterator[list[str]]:
-    """The names of the regular files of each directory under a state kind, a directory
-    at a time (through the seam); a directory that cannot be listed is passed by."""
-    stack = [ws.state_dir(state)]
-    while stack:
-        try:
-            it = fs.scandir(stack.pop())
-        except OSError:
-            continue
-        try:
-            entries = list(it)
-        except OSError:
-            continue
-        finally:
-            _close(it)
-        # comprehensions, not a loop: a million entries pay no per-entry bytecode beyond
-        # these two tests, and a shard holds markers only (subdirectories are rare)
-        files = [e.name for e in entries if e.is_file(follow_symlinks=False)]
-        if len(files) < len(entries):
-            stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
-        yield files
-
-
-def count_markers(ws: Workspace, state: State) -> int:
-    """How many marker names of the grammar lie under a state kind (a plain directory walk)."""
-    match = MARKER_RE.fullmatch
-    return sum(len(list(filter(None, map(match, files)))) for files in _file_names(ws, state))
-
-
-_GROUPS: Final = operator.methodcaller("groups")
-
-
-def tally_markers(ws: Workspace, state: State) -> Counter[tuple[str | None, str | None]]:
-    """Markers of the grammar under a state kind, counted by (not-before field, class
-    field) as their names spell them (None: absent): counts by class and backoff with
-    one match per name and no marker built."""
-    match = MARKER_TALLY_RE.fullmatch
-    tally: Counter[tuple[str | None, str | None]] = Counter()
-    for files in _file_names(ws, state):
-        tally.update(map(_GROUPS, filter(None, map(match, files))))
-    return tally
 
 
 def any_marker(

@@ -5,6 +5,7 @@ parse/format here are the only code that knows the marker file-name grammar.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import uuid
@@ -24,14 +25,21 @@ TAG_RE = re.compile(_TAG)
 KEY_RE = re.compile(rf"(?:(?P<tag>{_TAG})--)?(?P<id>{_ID})")
 WRITER_RE = re.compile(_WRITER)
 REF_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<seg>{_B36})-(?P<off>{_B36})")
+#: the not-before and class fields, adjacent in a marker name: ready jobs are counted by them
+_NB_CLS = r"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{0,12})|)(?:\.c(?P<cls>[0-9a-z]{1,16})|)"
+#: The key tries the untagged form first (with `(?:TAG--)?ID`, the tag's repetition takes
+#: the 32 digits of an untagged key and gives them back one at a time), and an optional
+#: field is `(?:...|)`, not `(?:...)?`: the same language and groups, cheaper to match.
 MARKER_RE = re.compile(
-    rf"(?P<key>(?:{_TAG}--)?{_ID})\.p(?P<prio>[0-9]{{3}})\.g(?P<gen>{_B36})"
-    rf"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{{0,12}}))?(?:\.c(?P<cls>[0-9a-z]{{1,16}}))?"
-    rf"(?:\.s(?P<grp>[0-9a-z]{{{GROUP_DIGEST_LEN}}}))?(?P<aft>\.a)?\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
+    rf"(?P<key>{_ID}|{_TAG}--{_ID})\.p(?P<prio>[0-9]{{3}})\.g(?P<gen>{_B36}){_NB_CLS}"
+    rf"(?:\.s(?P<grp>[0-9a-z]{{{GROUP_DIGEST_LEN}}})|)(?:(?P<aft>\.a)|)"
+    rf"\.(?P<ref>{_WRITER}-{_B36}-{_B36})"
 )
-#: the grammar again with only `nb` and `cls` captured (groups() == (nb, cls)): counting by
-#: class and backoff reads these two and nothing else of a name
-MARKER_TALLY_RE = re.compile(re.sub(r"\(\?P<(?!nb>|cls>)\w+>", "(?:", MARKER_RE.pattern))
+#: the not-before and class fields as a marker name spells them (what marker_scan("nb_cls")
+#: captures, "" included): groups() == (nb, cls)
+NB_CLS_RE = re.compile(_NB_CLS)
+#: what separates the names of the text marker_scan searches: no file name can hold it
+SCAN_SEP = "/"
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _COMPONENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}")
@@ -318,6 +326,30 @@ def marker_service(name: str) -> str:
         return ""
     j = name.find(".", i + 2)
     return "" if j < 0 else name[i + 2 : j]
+
+
+@functools.cache
+def marker_scan(capture: str | None = None) -> re.Pattern[str]:
+    """MARKER_RE for finding the markers among many names with one search, not one match
+    per name: the text searched is SCAN_SEP, the names joined by it, and SCAN_SEP again,
+    and each match is one whole name of the grammar. No file name holds SCAN_SEP, so no
+    name can make a match that runs into the next one (a newline could: names hold any
+    character but "/" and NUL).
+
+    `capture`: the match's one group, "nb_cls" (the not-before and class fields as the
+    name spells them, "" for neither: NB_CLS_RE reads them) or a group of MARKER_RE; None:
+    no group. Every class of several ranges also holds NUL, which no file name holds: then
+    CPython tests the class as a bitmap, one step per character instead of one per range.
+    Built on first use (most commands never count markers)."""
+    pattern = MARKER_RE.pattern.replace(_NB_CLS, f"(?P<nb_cls>{_NB_CLS})")
+    pattern = re.sub(r"\(\?P<(\w+)>", lambda m: "(" if m[1] == capture else "(?:", pattern)
+    for chars in ("0-9a-f", "0-9a-z", "1-9a-z", "a-z0-9"):
+        pattern = pattern.replace(f"[{chars}]", f"[\\x00{chars}]")
+    sep = re.escape(SCAN_SEP)
+    scan = re.compile(f"{sep}(?:{pattern})(?={sep})")
+    if scan.groups != (capture is not None):
+        raise ValueError(f"no group {capture!r} in the marker grammar")
+    return scan
 
 
 def check_priority(value: int) -> int:

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from helpers import plant_marker
 
 from httk_flow.protocol.children import child_placement, child_states
-from httk_flow.protocol.discovery import MarkerStream, count_markers
+from httk_flow.protocol.counting import count_markers
+from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.fsio import READ_ATTEMPTS, FileSystem, fs, set_filesystem
 from httk_flow.protocol.leases import read_managers
 from httk_flow.protocol.states import State

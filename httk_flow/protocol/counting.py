@@ -1,0 +1,190 @@
+"""Counting markers by their names, for `flow status` and the manager's tallies: one
+regular-expression search per directory (names.marker_scan), never a call or a parsed
+marker per name. Read-side only; the manager's own scans are discovery.MarkerStream.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Final, TypeVar
+
+from httk_flow.protocol.fsio import FileSystem, fs
+from httk_flow.protocol.names import NB_CLS_RE, SCAN_SEP, marker_scan
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
+
+#: names per text a count searches: a directory of a million names is searched in slices
+SCAN_SLICE: Final = 8192
+#: a directory with more names than this that are no markers is listed by entry: it holds
+#: directories (a state kind's shards), whose types a listing by entry gives at once
+STAT_MAX: Final = 32
+_T = TypeVar("_T")
+#: what a count makes of one directory's names: its result, and how many were markers
+_Scan = Callable[[list[str]], tuple[_T, int]]
+
+
+def _per_directory(ws: Workspace, state: State, scan: _Scan[_T]) -> Iterator[_T]:
+    """`scan` of the names of each directory under a state kind, a directory at a time (a
+    directory that cannot be listed is passed by).
+
+    Through the seam (a filesystem model installed for tests), each listing reads the
+    entries' types: regular files are scanned, directories walked. On the plain filesystem
+    only names are listed (about a third cheaper than an entry each); those of the grammar
+    are taken for files, and only the others are looked at (lstat), to find subdirectories:
+    a shard holds markers only, subdirectories are rare. The directory's link count (two,
+    and one per subdirectory) then vouches that no subdirectory has a marker's name (a
+    placement may be spelled so); where it does not add up (a filesystem that does not
+    count subdirectories, a directory made or removed meanwhile), or where the others are
+    many, the directory is listed by entry instead. (A symbolic link or other special file
+    with a marker's name, which no actor makes, counts when listed by name.)"""
+    plain = type(fs.impl) is FileSystem
+    stack = [ws.state_dir(state)]
+    while stack:
+        path = stack.pop()
+        got = _by_name(path, scan) if plain else None
+        if got is None:
+            got = _by_entry(path, scan, plain)
+        if got is not None:
+            found, subdirs = got
+            yield found
+            stack.extend(subdirs)
+
+
+def _by_name(path: str, scan: _Scan[_T]) -> tuple[_T, list[str]] | None:
+    """A directory scanned by its names alone, if its link count vouches for it (None:
+    list it by entry)."""
+    try:
+        links = os.lstat(path).st_nlink
+        if links < 2:
+            return None  # a filesystem that does not count subdirectories (btrfs)
+        names = os.listdir(path)
+    except OSError:
+        return None
+    found, markers = scan(names)
+    subdirs = []
+    if markers < len(names):
+        others = _not_markers(names, markers)
+        if len(others) > STAT_MAX:
+            return None
+        for name in others:
+            sub = os.path.join(path, name)
+            try:
+                if stat.S_ISDIR(os.lstat(sub).st_mode):
+                    subdirs.append(sub)
+            except OSError:
+                continue  # gone meanwhile
+    if links != 2 + len(subdirs):
+        return None
+    return found, subdirs
+
+
+def _not_markers(names: list[str], markers: int) -> list[str]:
+    """The names that are no markers, `markers` of `names` being markers: those without a
+    dot (a marker name holds several), unless they are not all; then every name the
+    grammar refuses (one more search)."""
+    dotless = [n for n in names if "." not in n]
+    if markers + len(dotless) == len(names):
+        return dotless
+    scan = marker_scan()
+    return [n for text, _ in _texts(names) for n in _leftover(scan.sub("", text))]
+
+
+def _by_entry(path: str, scan: _Scan[_T], plain: bool) -> tuple[_T, list[str]] | None:
+    """A directory scanned by entry (through the seam): its regular files' names, and its
+    subdirectories."""
+    try:
+        it = fs.scandir(path)
+    except OSError:
+        return None
+    try:
+        entries = list(it)
+    except OSError:
+        return None
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    # comprehensions, not a loop: no per-entry bytecode beyond these tests
+    files = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+    if not plain:
+        # a model's names are not checked by a kernel: one holding the separator or NUL
+        # is no marker, and must not reach the scan
+        files = [n for n in files if SCAN_SEP not in n and "\0" not in n]
+    subdirs = []
+    if len(files) < len(entries):
+        subdirs = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    return scan(files)[0], subdirs
+
+
+def _texts(names: list[str]) -> Iterator[tuple[str, int]]:
+    """The texts marker_scan searches for `names`, a slice at a time, and each one's count
+    of names."""
+    for i in range(0, len(names), SCAN_SLICE):
+        part = names[i : i + SCAN_SLICE]
+        yield f"{SCAN_SEP}{SCAN_SEP.join(part)}{SCAN_SEP}", len(part)
+
+
+def _leftover(text: str) -> list[str]:
+    """The names of a text that a scan removed every marker from."""
+    return text[1:-1].split(SCAN_SEP) if len(text) > 1 else []
+
+
+def _count(names: list[str]) -> tuple[int, int]:
+    scan = marker_scan()
+    n = sum(scan.subn("", text)[1] for text, _ in _texts(names))
+    return n, n
+
+
+def count_markers(ws: Workspace, state: State) -> int:
+    """How many marker names of the grammar lie under a state kind (a plain directory
+    walk): one search per directory (marker_scan), no call per name."""
+    return sum(_per_directory(ws, state, _count))
+
+
+def _tally_by(capture: str) -> _Scan[Counter[str]]:
+    scan = marker_scan(capture)
+
+    def tally(names: list[str]) -> tuple[Counter[str], int]:
+        found: Counter[str] = Counter()
+        for text, _ in _texts(names):
+            got = scan.findall(text)
+            # most names spell no such field: "" is counted at C speed, by identity (and
+            # only if found: a count of 0 would be an entry all the same)
+            empty = got.count("")
+            if empty:
+                found[""] += empty
+            found.update(filter(None, got))
+        return found, found.total()
+
+    return tally
+
+
+def _tally(ws: Workspace, state: State, capture: str) -> Counter[str]:
+    """Markers under a state kind counted by what the group `capture` of marker_scan
+    spells in each ("" where it is empty)."""
+    total: Counter[str] = Counter()
+    for found in _per_directory(ws, state, _tally_by(capture)):
+        total.update(found)
+    return total
+
+
+def tally_markers(ws: Workspace, state: State) -> Counter[tuple[str | None, str | None]]:
+    """Markers of the grammar under a state kind, counted by (not-before field, class
+    field) as their names spell them (None: absent): counts by class and backoff with one
+    search per directory and no marker built."""
+    tally: Counter[tuple[str | None, str | None]] = Counter()
+    for fields, n in _tally(ws, state, "nb_cls").items():
+        m = NB_CLS_RE.fullmatch(fields)
+        assert m is not None, fields  # the scan matched it
+        tally[m["nb"], m["cls"]] += n
+    return tally
+
+
+def count_after(ws: Workspace, state: State) -> tuple[int, int]:
+    """(markers, those whose name carries the `.a` field: waiting for dependencies) under
+    a state kind, by name, with one search per directory."""
+    found = _tally(ws, state, "aft")
+    return found.total(), found[".a"]
