@@ -1,12 +1,17 @@
 # shellcheck shell=bash
 # httk_flow bash runner API, the part that spawns and joins children: flow.sh sources it
-# beside itself the first time flow_spawn, flow_wait or flow_children is called (do not
-# source it yourself). It defines nothing unless flow.sh has the same version.
-# See docs/bash-api.md.
+# beside itself (through flow-more.sh) the first time flow_spawn, flow_wait or
+# flow_children is called (do not source it yourself). It defines nothing unless flow.sh
+# has the same version. See docs/bash-api.md.
 # shellcheck disable=SC2154 # the state of an attempt lives in flow.sh
 
 _FLOW_CHILDREN_VERSION=0.1.0
 [[ ${_FLOW_API_VERSION-} == "$_FLOW_CHILDREN_VERSION" ]] || return 3
+
+# the children's part of the attempt's state, made when first needed
+_flow_children="" # children.jsonl lines of this attempt's flow_spawn calls
+_flow_nspawn=0    # flow_spawn calls so far (numbers the default labels c1, c2, ...)
+declare -gA _flow_labels=()
 
 # flow_spawn [--tag T] [--step S] [--param K=V]... [--priority N] [--label L] [--program P]
 #            [--cpus N] [--gpus N] [--mem SIZE] [--resource NAME=N]...
@@ -214,7 +219,7 @@ _flow_do_wait() {
     fi
     _flow_extra=",\"step\":\"$_flow_s\",\"join\":\"$_flow_mode\""
     [[ -z $_flow_imp ]] || _flow_extra+=",\"on_impossible\":\"$_flow_imp\""
-    _flow_outcome $_flow_f wait "" "$_flow_extra"
+    _flow_more_outcome $_flow_f wait "" "$_flow_extra"
 }
 
 # flow_children: after a join, one line per child: LABEL ID STATE PATH

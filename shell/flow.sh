@@ -1,469 +1,165 @@
 # shellcheck shell=bash
-# httk_flow bash runner API. A job's program sources it: source "$FLOW_BASH_API"
-#
-# Public functions are flow_*, helpers _flow_*. Every function returns (non-zero on
-# misuse, with a message on stderr) and never exits. Publishing an outcome, spawning and
-# reading a parameter run no other interpreter: an outcome is written in place by the shell
-# itself; only a wait, or a durable workspace, runs mkdir, mv (and sync). See docs/bash-api.md.
+# httk_flow bash runner API (docs/bash-api.md). bash parses all of it at each start of a
+# step, so it is the plain path only: flow-more.sh beside it has the rest (see there).
 
-if [[ -n ${_FLOW_API_LOADED-} ]]; then
-    return 0
-fi
-if ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 2))); then
+[[ -z ${_FLOW_API_LOADED-} ]] || return 0
+if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 402)); then
     printf 'flow.sh: needs bash 4.2 or newer (this is %s)\n' "$BASH_VERSION" >&2 || true
     return 2
 fi
-_FLOW_API_LOADED=1
-
-#: every control character JSON forbids raw, except NUL (a bash string cannot hold it)
-_FLOW_CTL=$'\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f'
-_FLOW_RE_IDENT='^[A-Za-z_][A-Za-z0-9_]{0,63}$'
-_FLOW_RE_TAG='^[A-Za-z0-9][A-Za-z0-9_+-]{0,63}$'
-_FLOW_RE_LABEL='^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$'
-_FLOW_RE_CODE='^[A-Za-z0-9_.:+-]{1,64}$'
-_FLOW_RE_PRIORITY='^[0-9]{1,3}$'
-_FLOW_RE_COUNT='^[0-9]+$'
-
-_flow_published=0 # this process published an outcome
-_flow_error=""    # the first misuse: the step ends as a fail naming it
-_flow_children="" # children.jsonl lines of this attempt's flow_spawn calls
-_flow_nspawn=0    # flow_spawn calls so far (numbers the default labels c1, c2, ...)
-_flow_step=""     # the step flow_main is running
-_flow_in_err=0    # guards the ERR trap against re-entry
-_flow_main_pid="" # the shell that runs the step (flow_main's $BASHPID)
+_FLOW_API_VERSION=0.1.0
+_FLOW_API_LOADED=1 _FLOW_API_FILE=${BASH_SOURCE[0]}
+[[ $_FLOW_API_FILE == /* ]] || _FLOW_API_FILE=$PWD/$_FLOW_API_FILE
+# the characters of a name, and of a message written as is (printable ASCII but \ and "),
+# one by one: a range such as [a-z] may match others in some locales
+_FLOW_WORD=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_
+_FLOW_PLAIN="]$_FLOW_WORD"$' !#$%&\'()*+,./:;<=>?@[^`{|}~-'
+# the attempt's state (flow-more.sh says what each is)
+_flow_published=0 _flow_error="" _flow_step="" _flow_in_err=0 _flow_main_pid="" _flow_more_api="" _flow_steps_list=()
 declare -gA _flow_declared=()
-declare -gA _flow_labels=()
-_flow_steps_list=()
 
-# -- helpers -----------------------------------------------------------------------------
-
-# _flow_valid KIND VALUE: is VALUE of the grammar (ident, tag, label, code, priority,
-# count: digits)?
-_flow_valid() {
-    # byte-wise ranges: in other locales [a-z] may match accented or upper-case letters
-    local LC_ALL=C _flow_re
-    case $1 in
-    ident) _flow_re=$_FLOW_RE_IDENT ;;
-    tag) _flow_re=$_FLOW_RE_TAG ;;
-    label) _flow_re=$_FLOW_RE_LABEL ;;
-    code) _flow_re=$_FLOW_RE_CODE ;;
-    priority) _flow_re=$_FLOW_RE_PRIORITY ;;
-    count) _flow_re=$_FLOW_RE_COUNT ;;
-    *) return 1 ;;
-    esac
-    [[ $2 =~ $_flow_re ]]
+# _flow_more NAME ARGS...: the long way, _flow_more_NAME of flow-more.sh
+_flow_more() {
+    [[ $_flow_more_api == 1 ]] || _flow_load || return
+    "_flow_more_$1" "${@:2}" || return
 }
 
-# _flow_json_quote VAR STRING: set VAR to STRING as a JSON string literal, quotes included.
-_flow_json_quote() {
-    # C locale: work on bytes, so UTF-8 passes through untouched and bad bytes do not
-    # confuse the matcher
-    local LC_ALL=C _flow_s=$2 _flow_i _flow_c _flow_hex
-    case $_flow_s in
-    *[\\\"]*)
-        _flow_s=${_flow_s//\\/\\\\}
-        _flow_s=${_flow_s//\"/\\\"}
-        ;;
-    esac
-    if [[ $_flow_s == *[$_FLOW_CTL]* ]]; then
-        _flow_s=${_flow_s//$'\n'/'\n'}
-        _flow_s=${_flow_s//$'\t'/'\t'}
-        _flow_s=${_flow_s//$'\r'/'\r'}
-        for ((_flow_i = 0; _flow_i < 31; _flow_i++)); do
-            [[ $_flow_s == *[$_FLOW_CTL]* ]] || break
-            _flow_c=${_FLOW_CTL:_flow_i:1}
-            if [[ $_flow_s == *"$_flow_c"* ]]; then
-                printf -v _flow_hex '\\u%04x' "$((_flow_i + 1))"
-                _flow_s=${_flow_s//"$_flow_c"/"$_flow_hex"}
-            fi
-        done
+# _flow_load: read flow-more.sh, of this version; else say so and publish a fail in place
+# (plain text), once: nothing else could
+_flow_load() {
+    local _flow_m=${_FLOW_API_FILE%/*}/flow-more.sh
+    # shellcheck source-path=SCRIPTDIR source=flow-more.sh
+    if [[ -z $_flow_more_api && -f $_flow_m ]] && { _FLOW_MORE_VERSION=""; source "$_flow_m"; } && [[ $_FLOW_MORE_VERSION == "$_FLOW_API_VERSION" ]]; then
+        _flow_more_api=1
+        return 0
     fi
-    printf -v "$1" '"%s"' "$_flow_s"
+    [[ -z $_flow_more_api ]] || return 2
+    _flow_more_api=0 _flow_m="flow: cannot load $_flow_m (version ${_FLOW_MORE_VERSION:-unknown}) for flow.sh (version $_FLOW_API_VERSION): the two ship together and one job never mixes versions (was httk_flow upgraded while it ran?)"
+    printf '%s\n' "$_flow_m" >&2 || true
+    _flow_m=${FLOW_STEP:+step $FLOW_STEP: }${_flow_error:-$_flow_m} _flow_error=""
+    flow_fail "${_flow_m//[!$_FLOW_PLAIN]/?}" protocol_error || true
+    _flow_error=$_flow_m
+    return 2
 }
 
-# _flow_say FORMAT ARGS...: a line on stderr; a closed or broken stderr never fails a step
-_flow_say() {
-    # shellcheck disable=SC2059 # the format is always one of ours
-    printf "$@" >&2 || true
-}
+# _flow_ident STRING: a name (of a step, a parameter, a variable)?
+_flow_ident() { [[ $1 == [!0123456789]* && $1 != *[!$_FLOW_WORD]* && ${#1} -le 64 ]]; }
 
-# _flow_misuse FUNC MESSAGE: report a misuse on stderr and remember the first one.
-_flow_misuse() {
-    _flow_say '%s: %s\n' "$1" "$2"
-    if [[ -z $_flow_error ]]; then
-        _flow_error="$1: $2"
+# _flow_outcome FUNC ACTION MESSAGE EXTRA [NARGS]: publish in place, as outcome.line made
+# with O_EXCL (noclobber): no process started. The long way for anything else (in posix
+# mode, as a failed redirection of exec ends the shell there).
+_flow_outcome() {
+    local _flow_fd _flow_o=$-
+    if [[ $_flow_published == 1 || -n $_flow_error || ${5-1} == 0 || ${FLOW_DURABLE-0} == 1 || :$SHELLOPTS: == *:posix:* || $3 == *[!$_FLOW_PLAIN]* ||
+        ! -d ${FLOW_CONTROL_DIR-} || -e $FLOW_CONTROL_DIR/outcome.line || -e $FLOW_CONTROL_DIR/outcome.ready ]]; then
+        _flow_more outcome "$@"
+        return
     fi
-    return 0
-}
-
-_flow_prefix() {
-    # "step NAME: " when the step is known, for messages the manager records
-    local _flow_s=${_flow_step:-${FLOW_STEP-}}
-    if [[ -n $_flow_s ]]; then
-        printf -v "$1" 'step %s: ' "$_flow_s"
-    else
-        printf -v "$1" ''
-    fi
-}
-
-_flow_has_outcome() {
-    [[ $_flow_published == 1 || (-n ${FLOW_CONTROL_DIR-} && (-e $FLOW_CONTROL_DIR/outcome.line || -e $FLOW_CONTROL_DIR/outcome.ready)) ]]
-}
-
-# _flow_again ACTION: say that a second outcome (ACTION) was published beside the first
-# (the manager fails the job with a protocol error when it finds the note).
-_flow_again() {
-    if [[ -d $FLOW_CONTROL_DIR/outcome.ready ]]; then
-        printf '%s\n' "$1" >>"$FLOW_CONTROL_DIR/outcome.ready/duplicate"
-    else
-        printf '%s\n' "$1" >>"$FLOW_CONTROL_DIR/outcome.duplicate"
-    fi
-}
-
-# _flow_write ACTION MESSAGE EXTRA: publish one outcome (EXTRA: more ,"key":value fields).
-_flow_write() {
-    local _flow_ctl=${FLOW_CONTROL_DIR-} _flow_msg _flow_tmp _flow_files _flow_json _flow_noclobber="" _flow_fd
-    if [[ -z $_flow_ctl || ! -d $_flow_ctl ]]; then
-        _flow_say 'flow: FLOW_CONTROL_DIR %s is not an attempt directory; run this program through flow (flow submit, then flow run)\n' "${_flow_ctl:-(unset)}"
-        return 2
-    fi
-    _flow_json_quote _flow_msg "$2"
-    printf -v _flow_json '{"action":"%s","message":%s%s}' "$1" "$_flow_msg" "$3"
-    # (in posix mode a failed redirection of exec ends the shell: the directory form then)
-    if [[ $1 != wait && ${FLOW_DURABLE-0} != 1 && :$SHELLOPTS: != *:posix:* ]]; then
-        # written in place, no process started (protocol.md §10): one line in a file
-        # created exclusively (noclobber opens with O_EXCL: one publication owns it); the
-        # manager takes it only when whole, that is ending in its newline
-        if [[ -e $_flow_ctl/outcome.line || -e $_flow_ctl/outcome.ready ]]; then
-            _flow_published=1
-            _flow_again "$1"
-            _flow_say 'flow: an outcome was already published (by a subshell?); this second one (%s) makes the job fail with a protocol error\n' "$1"
-            return 1
-        fi
-        [[ $- == *C* ]] || _flow_noclobber=1
-        set -C
-        if ! { exec {_flow_fd}>"$_flow_ctl/outcome.line"; } 2>/dev/null; then
-            [[ -z $_flow_noclobber ]] || set +C
-            if [[ -e $_flow_ctl/outcome.line ]]; then
-                _flow_published=1
-                _flow_again "$1"
-                _flow_say 'flow: an outcome was published at the same moment (by a subshell?); this second one (%s) makes the job fail with a protocol error\n' "$1"
-            else
-                _flow_say 'flow: cannot create %s/outcome.line; no outcome was published\n' "$_flow_ctl"
-            fi
-            return 1
-        fi
-        [[ -z $_flow_noclobber ]] || set +C
-        if ! printf '%s\n' "$_flow_json" >&"$_flow_fd"; then
-            exec {_flow_fd}>&-
-            # ours, cut short (a full disk): gone, so that no part of it is read
-            command rm -f -- "$_flow_ctl/outcome.line"
-            _flow_say 'flow: cannot write %s/outcome.line; no outcome was published\n' "$_flow_ctl"
-            return 1
-        fi
+    set -C
+    { exec {_flow_fd}>"$FLOW_CONTROL_DIR/outcome.line"; } 2>/dev/null || _flow_fd=""
+    [[ $_flow_o == *C* ]] || set +C
+    if [[ -z $_flow_fd ]]; then
+        _flow_more not_created "$2"
+    elif printf '{"action":"%s","message":"%s"%s}\n' "$2" "$3" "$4" >&"$_flow_fd"; then
         exec {_flow_fd}>&-
         _flow_published=1
-        return 0
-    fi
-    # a wait (two files) or a durable workspace: built in a directory of its own, synced
-    # when durable, and renamed into place as outcome.ready/
-    _flow_tmp=$_flow_ctl/outcome.tmp.$BASHPID.$RANDOM$RANDOM
-    if ! command mkdir -- "$_flow_tmp"; then
-        _flow_say 'flow: cannot create %s; no outcome was published\n' "$_flow_tmp"
-        return 1
-    fi
-    if ! printf '%s\n' "$_flow_json" >"$_flow_tmp/outcome.json"; then
-        _flow_say 'flow: cannot write %s/outcome.json; no outcome was published\n' "$_flow_tmp"
-        return 1
-    fi
-    _flow_files=("$_flow_tmp/outcome.json")
-    if [[ $1 == wait ]]; then
-        _flow_files+=("$_flow_tmp/children.jsonl")
-        if ! printf '%s' "$_flow_children" >"$_flow_tmp/children.jsonl"; then
-            _flow_say 'flow: cannot write %s/children.jsonl; no outcome was published\n' "$_flow_tmp"
-            return 1
-        fi
-    fi
-    if [[ ${FLOW_DURABLE-0} == 1 ]] && ! command sync -- "${_flow_files[@]}" "$_flow_tmp" "$_flow_ctl"; then
-        _flow_say 'flow: cannot sync %s; no outcome was published\n' "$_flow_tmp"
-        return 1
-    fi
-    # -T: never move the directory *into* an outcome.ready published meanwhile
-    if ! command mv -T -- "$_flow_tmp" "$_flow_ctl/outcome.ready" 2>/dev/null; then
-        if [[ -d $_flow_ctl/outcome.ready ]]; then
-            _flow_published=1
-            printf '%s\n' "$1" >>"$_flow_ctl/outcome.ready/duplicate"
-            _flow_say 'flow: an outcome was already published (by a subshell?); this second one (%s) makes the job fail with a protocol error\n' "$1"
-        else
-            _flow_say 'flow: cannot publish %s as outcome.ready; no outcome was published\n' "$_flow_tmp"
-        fi
-        return 1
-    fi
-    _flow_published=1
-    if [[ ${FLOW_DURABLE-0} == 1 ]]; then
-        command sync -- "$_flow_ctl" || true
-    fi
-    return 0
-}
-
-# _flow_outcome FUNC ACTION MESSAGE EXTRA: the one way an outcome function publishes.
-_flow_outcome() {
-    local _flow_p
-    if _flow_has_outcome; then
-        if [[ -n ${FLOW_CONTROL_DIR-} ]]; then
-            _flow_again "$2"
-        fi
-        _flow_say '%s: this attempt already published an outcome; a second one (%s) makes the job fail with a protocol error\n' "$1" "$2"
-        return 1
-    fi
-    if [[ -n $_flow_error ]]; then
-        # an earlier misuse wins over what the step meant to report
-        _flow_prefix _flow_p
-        if [[ $2 != fail || $_flow_error != "$1: "* ]]; then
-            _flow_say '%s: publishing a fail instead of %s, because of: %s\n' "$1" "$2" "$_flow_error"
-        fi
-        _flow_write fail "$_flow_p$_flow_error" ',"code":"protocol_error"' || return
-        return 2
-    fi
-    _flow_write "$2" "$3" "$4"
-}
-
-# _flow_check_step FUNC STEP: is STEP a valid name, declared if flow_steps was used?
-_flow_check_step() {
-    if ! _flow_valid ident "$2"; then
-        _flow_misuse "$1" "step name '$2' is not valid (1-64 letters, digits and '_', not starting with a digit)"
-        return 1
-    fi
-    if ((${#_flow_steps_list[@]})) && [[ -z ${_flow_declared[$2]-} ]]; then
-        _flow_misuse "$1" "step '$2' is not declared with flow_steps (declared: ${_flow_steps_list[*]})"
-        return 1
-    fi
-    return 0
-}
-
-# the ERR trap of flow_main: under set -e, a failing command ends the step as a fail
-# (_flow_on_err STATUS LINE COMMAND PIPESTATUS)
-_flow_on_err() {
-    local _flow_status=$1 _flow_line=$2 _flow_cmd=$3 _flow_ps=$4 _flow_where=${FUNCNAME[1]-main}
-    local _flow_p _flow_msg
-    # only the step's own shell decides: a failure in a subshell reaches it as the
-    # subshell's status, while one in an asynchronous subshell (cmd &, <(cmd)) is
-    # ignored by set -e and must not end the step either
-    [[ $- == *e* && $_flow_in_err == 0 && $BASHPID == "$_flow_main_pid" ]] || return 0
-    if _flow_has_outcome; then
-        return 0
-    fi
-    _flow_in_err=1
-    _flow_prefix _flow_p
-    if [[ -n $_flow_error ]]; then
-        _flow_write fail "$_flow_p$_flow_error" ',"code":"protocol_error"' || true
-    elif [[ $_flow_where == flow_main ]]; then
-        _flow_msg="${_flow_p}step_$_flow_step returned status $_flow_status without publishing an outcome"
-        _flow_write fail "$_flow_msg" ',"code":"protocol_error"' || true
     else
-        if [[ $_flow_ps == *' '* ]]; then
-            _flow_msg="${_flow_p}a pipeline failed with statuses $_flow_ps at line $_flow_line (near \`$_flow_cmd\`)"
-        else
-            _flow_msg="${_flow_p}command \`$_flow_cmd\` failed with status $_flow_status at line $_flow_line"
-        fi
-        if [[ $_flow_where != "step_$_flow_step" ]]; then
-            _flow_msg+=" (in $_flow_where)"
-        fi
-        _flow_write fail "$_flow_msg" ',"code":"step_error"' || true
+        exec {_flow_fd}>&-
+        _flow_more not_written
     fi
-    _flow_in_err=0
-    return 0
 }
 
-# -- steps -------------------------------------------------------------------------------
+# the ERR trap of flow_main: under set -e, in the step's own shell only; FUNCNAME[1] is read
+# before a call changes the stack
+_flow_on_err() {
+    [[ $- == *e* && $_flow_in_err == 0 && $BASHPID == "$_flow_main_pid" ]] || return 0
+    _flow_more on_err "$@" "${FUNCNAME[1]-main}" || true
+}
 
 # flow_steps NAME...: declare the steps of this program (each runs as step_NAME).
 flow_steps() {
     local _flow_s
-    if (($# == 0)); then
-        _flow_misuse flow_steps "needs at least one step name"
-        return 2
-    fi
-    for _flow_s in "$@"; do
-        if ! _flow_valid ident "$_flow_s"; then
-            _flow_misuse flow_steps "step name '$_flow_s' is not valid (1-64 letters, digits and '_', not starting with a digit)"
-            return 2
-        fi
-        if [[ -z ${_flow_declared[$_flow_s]-} ]]; then
-            _flow_declared[$_flow_s]=1
-            _flow_steps_list+=("$_flow_s")
-        fi
+    for _flow_s; do
+        _flow_ident "$_flow_s" || _flow_more steps "$_flow_s" || return
+        [[ -n ${_flow_declared[$_flow_s]-} ]] || _flow_steps_list+=("$_flow_s")
+        _flow_declared[$_flow_s]=1
     done
-    return 0
+    (($#)) || _flow_more steps || return
 }
 
 # flow_main [ARGS...]: run step_$FLOW_STEP with ARGS; make sure it ends with one outcome.
 flow_main() {
-    local _flow_s=${FLOW_STEP-} _flow_rc _flow_p
-    if [[ -z ${FLOW_CONTROL_DIR-} ]]; then
-        _flow_say 'flow_main: FLOW_CONTROL_DIR is not set; run this program through flow (flow submit, then flow run)\n'
-        return 2
-    fi
-    _flow_step=$_flow_s
-    if [[ -z $_flow_s ]]; then
-        _flow_misuse flow_main "FLOW_STEP is not set"
-    elif ((${#_flow_steps_list[@]} == 0)); then
-        _flow_misuse flow_main "no steps are declared; call flow_steps NAME... before flow_main"
-    elif [[ -z ${_flow_declared[$_flow_s]-} ]]; then
-        _flow_misuse flow_main "step '$_flow_s' is not declared with flow_steps (declared: ${_flow_steps_list[*]})"
-    elif ! declare -F "step_$_flow_s" >/dev/null; then
-        _flow_misuse flow_main "step '$_flow_s' is declared but no function step_$_flow_s is defined"
-    fi
-    if [[ -n $_flow_error ]]; then
-        _flow_outcome flow_main fail "$_flow_error" ',"code":"protocol_error"'
+    local _flow_s=${FLOW_STEP-} _flow_rc
+    if [[ -z ${FLOW_CONTROL_DIR-} || -z $_flow_s || -z ${_flow_declared[$_flow_s]-} || -n $_flow_error ]] || ! declare -F "step_$_flow_s" >/dev/null; then
+        _flow_more main
         return
     fi
-    _flow_main_pid=$BASHPID
+    _flow_step=$_flow_s _flow_main_pid=$BASHPID
     set -E
     trap '_flow_on_err "$?" "$LINENO" "$BASH_COMMAND" "${PIPESTATUS[*]}"' ERR
     "step_$_flow_s" "$@"
     _flow_rc=$?
     trap - ERR
-    if _flow_has_outcome; then
-        return 0
-    fi
-    if [[ -n $_flow_error ]]; then
-        _flow_outcome flow_main fail "$_flow_error" ',"code":"protocol_error"'
-        return
-    fi
-    _flow_prefix _flow_p
-    _flow_write fail "${_flow_p}step_$_flow_s returned (status $_flow_rc) without publishing an outcome; end each step with flow_succeed, flow_fail, flow_advance, flow_wait, flow_retry or flow_pause" ',"code":"protocol_error"'
+    [[ $_flow_published == 1 || -e $FLOW_CONTROL_DIR/outcome.line ]] || _flow_more main_end "$_flow_rc"
 }
-
-# -- outcomes ----------------------------------------------------------------------------
 
 # flow_succeed [MSG]: the job succeeded.
-flow_succeed() {
-    _flow_outcome flow_succeed succeed "$*" ""
-}
+flow_succeed() { _flow_outcome flow_succeed succeed "$*" ""; }
 
 # flow_fail MSG [CODE]: the job failed for good (CODE: a short reason, default "failed").
 flow_fail() {
-    local _flow_extra=""
-    if (($# < 1 || $# > 2)); then
-        _flow_misuse flow_fail "usage: flow_fail MSG [CODE]"
-    elif (($# == 2)); then
-        if _flow_valid code "$2"; then
-            _flow_extra=",\"code\":\"$2\""
-        else
-            _flow_misuse flow_fail "code '$2' is not valid (1-64 letters, digits and '_.:+-')"
-        fi
+    if (($# == 1)) || [[ $# == 2 && -n $2 && $2 != *[!$_FLOW_WORD.:+-]* && ${#2} -le 64 ]]; then
+        _flow_outcome flow_fail fail "$1" "${2+,\"code\":\"$2\"}"
+    else
+        _flow_more fail "$@"
     fi
-    _flow_outcome flow_fail fail "${1-}" "$_flow_extra"
 }
 
 # flow_advance STEP [MSG]: continue the job at STEP (a new activation).
 flow_advance() {
-    local _flow_s=${1-}
-    if (($# < 1)); then
-        _flow_misuse flow_advance "usage: flow_advance STEP [MSG]"
+    if [[ -n ${1-} && -n ${_flow_declared[$1]-} ]]; then
+        _flow_outcome flow_advance advance "${*:2}" ",\"step\":\"$1\""
     else
-        shift
-        _flow_check_step flow_advance "$_flow_s" || true
+        _flow_more advance "$@"
     fi
-    _flow_outcome flow_advance advance "$*" ",\"step\":\"$_flow_s\""
 }
 
 # flow_retry REASON: run this step again (charged to the retry budget, with backoff).
-flow_retry() {
-    if (($# < 1)); then
-        _flow_misuse flow_retry "usage: flow_retry REASON"
-    fi
-    _flow_outcome flow_retry retry "$*" ""
-}
+flow_retry() { _flow_outcome flow_retry retry "$*" "" $#; }
 
 # flow_pause REASON: park the job until an operator runs flow resume.
-flow_pause() {
-    if (($# < 1)); then
-        _flow_misuse flow_pause "usage: flow_pause REASON"
-    fi
-    _flow_outcome flow_pause pause "$*" ""
-}
-
-# -- context -----------------------------------------------------------------------------
+flow_pause() { _flow_outcome flow_pause pause "$*" "" $#; }
 
 # flow_param [-v VAR] KEY [DEFAULT]: print parameter KEY (no newline added), or set VAR.
+# Here but for a misuse: each $(flow_param KEY) subshell would read flow-more.sh again.
 flow_param() {
-    local _flow_out="" _flow_var _flow_val
-    if [[ ${1-} == -v ]]; then
-        if (($# < 2)) || ! _flow_valid ident "$2"; then
-            _flow_misuse flow_param "-v needs a variable name"
-            return 2
-        fi
+    local _flow_out="" _flow_var
+    if [[ ${1-} == -v ]] && (($# > 2)) && _flow_ident "$2"; then
         _flow_out=$2
         shift 2
     fi
-    if (($# < 1 || $# > 2)); then
-        _flow_misuse flow_param "usage: flow_param [-v VAR] KEY [DEFAULT]"
-        return 2
-    fi
-    if ! _flow_valid ident "$1"; then
-        _flow_misuse flow_param "param key '$1' is not valid (1-64 letters, digits and '_', not starting with a digit)"
-        return 2
-    fi
-    _flow_var=FLOW_PARAM_$1
-    if [[ -n ${!_flow_var+set} ]]; then
-        _flow_val=${!_flow_var}
-    elif (($# == 2)); then
-        _flow_val=$2
+    _flow_var=FLOW_PARAM_${1-}
+    if ! { (($# == 1 || $# == 2)) && _flow_ident "$1"; }; then
+        _flow_more param ${_flow_out:+-v "$_flow_out"} "$@" || return
+    elif [[ -n ${!_flow_var+set} || $# == 2 ]]; then
+        # shellcheck disable=SC2059 # the format is %s, after -v VAR if given
+        printf ${_flow_out:+-v "$_flow_out"} '%s' "${!_flow_var-$2}"
     else
-        _flow_say 'flow_param: parameter %s is not set and no default was given\n' "$1"
+        printf 'flow_param: parameter %s is not set and no default was given\n' "$1" >&2 || true
         return 1
-    fi
-    if [[ -n $_flow_out ]]; then
-        printf -v "$_flow_out" '%s' "$_flow_val"
-    else
-        printf '%s' "$_flow_val"
     fi
 }
 
 # flow_is_restart: true when this step ran before in this activation (a retry or recovery).
-flow_is_restart() {
-    [[ ${FLOW_IS_RESTART-0} == 1 ]]
-}
+flow_is_restart() { [[ ${FLOW_IS_RESTART-0} == 1 ]]; }
 
 # flow_is_unclean_restart: true when the previous attempt was interrupted (node died, drain).
-flow_is_unclean_restart() {
-    [[ ${FLOW_UNCLEAN_RESTART-0} == 1 ]]
-}
+flow_is_unclean_restart() { [[ ${FLOW_UNCLEAN_RESTART-0} == 1 ]]; }
 
 # flow_log MSG...: a timestamped line on the attempt's stderr.
-flow_log() {
-    _flow_say '%(%Y-%m-%dT%H:%M:%S)T flow[%s %s]: %s\n' -1 "${FLOW_STEP-?}" "${FLOW_ATTEMPT_ID-?}" "$*"
-}
+flow_log() { printf '%(%Y-%m-%dT%H:%M:%S)T flow[%s %s]: %s\n' -1 "${FLOW_STEP-?}" "${FLOW_ATTEMPT_ID-?}" "$*" >&2 || true; }
 
-# -- children: read on first use -----------------------------------------------------
-# bash parses every line of this file at each start of a step, yet few steps spawn: the
-# first call of flow_spawn, flow_wait or flow_children sources flow-children.sh beside
-# this file (it defines _flow_do_*), and refuses it unless it has the same version.
-
-_FLOW_API_VERSION=0.1.0
-_FLOW_API_FILE=${BASH_SOURCE[0]}
-[[ $_FLOW_API_FILE == /* ]] || _FLOW_API_FILE=$PWD/$_FLOW_API_FILE
-_flow_children_api=""
-
-# _flow_lazy FUNC ARGS...: FUNC (flow_spawn, ...) as _flow_do_* of flow-children.sh, which
-# is sourced first if need be; a misuse (and for flow_wait, the fail) when it cannot be.
-_flow_lazy() {
-    if [[ -z $_flow_children_api ]]; then
-        _FLOW_CHILDREN_VERSION=""
-        # shellcheck source-path=SCRIPTDIR source=flow-children.sh
-        if [[ -f ${_FLOW_API_FILE%/*}/flow-children.sh ]] && source "${_FLOW_API_FILE%/*}/flow-children.sh" && [[ $_FLOW_CHILDREN_VERSION == "$_FLOW_API_VERSION" ]]; then
-            _flow_children_api=loaded
-        else
-            _flow_misuse "$1" "cannot load ${_FLOW_API_FILE%/*}/flow-children.sh (version ${_FLOW_CHILDREN_VERSION:-unknown}) for flow.sh (version $_FLOW_API_VERSION): the two ship together and one job never mixes versions (was httk_flow upgraded while it ran?)"
-            [[ $1 != flow_wait ]] || _flow_outcome flow_wait fail "" "" || true
-            return 2
-        fi
-    fi
-    "_flow_do_${1#flow_}" "${@:2}" || return
-}
-
-flow_spawn() { _flow_lazy flow_spawn "$@"; }
-flow_wait() { _flow_lazy flow_wait "$@"; }
-flow_children() { _flow_lazy flow_children; }
+# flow_spawn, flow_wait, flow_children: in flow-children.sh
+flow_spawn() { _flow_more lazy flow_spawn "$@"; }
+flow_wait() { _flow_more lazy flow_wait "$@"; }
+flow_children() { _flow_more lazy flow_children; }

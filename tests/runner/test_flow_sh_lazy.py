@@ -1,5 +1,6 @@
 """shell/flow-children.sh: the children functions of the bash API, which flow.sh sources
-beside itself the first time flow_spawn, flow_wait or flow_children is called.
+beside itself (after flow-more.sh) the first time flow_spawn, flow_wait or flow_children is
+called.
 
 A job that never spawns never reads it; one that does gets the functions defined once, and
 only from a file of flow.sh's own version.
@@ -23,6 +24,7 @@ from httk_flow.protocol.states import State
 from .support import BASH, FLOW_SH, REPO, Bench, bash
 
 CHILDREN_SH = FLOW_SH.parent / "flow-children.sh"
+MORE_SH = FLOW_SH.parent / "flow-more.sh"
 LAZY = {"flow_spawn": "_flow_do_spawn", "flow_wait": "_flow_do_wait"}
 LAZY_ALL = {**LAZY, "flow_children": "_flow_do_children"}
 
@@ -68,11 +70,12 @@ def definitions(path: Path) -> list[str]:
 
 
 def api_copy(tmp: Path, *, children: str | None) -> Path:
-    """flow.sh in a directory of its own, with flow-children.sh beside it (text `children`)
-    or none; returns the copy of flow.sh."""
+    """flow.sh and flow-more.sh in a directory of their own, with flow-children.sh beside
+    them (text `children`) or none; returns the copy of flow.sh."""
     d = tmp / "api"
     d.mkdir()
     shutil.copyfile(FLOW_SH, d / "flow.sh")
+    shutil.copyfile(MORE_SH, d / "flow-more.sh")
     if children is not None:
         (d / "flow-children.sh").write_text(children)
     return d / "flow.sh"
@@ -110,16 +113,17 @@ def test_both_files_carry_the_package_version() -> None:
 
 def test_the_package_symlinks_point_at_the_shell_files() -> None:
     pkg = REPO / "httk_flow" / "shell"
-    for name in ("flow.sh", "flow-children.sh"):
+    for name in ("flow.sh", "flow-more.sh", "flow-children.sh"):
         link = pkg / name
         assert link.is_symlink() and os.readlink(link) == f"../../shell/{name}"
         assert link.resolve() == (REPO / "shell" / name).resolve()
 
 
 def test_no_function_is_defined_in_both_files_or_twice_in_one() -> None:
-    head, tail = definitions(FLOW_SH), definitions(CHILDREN_SH)
+    head, tail, more = definitions(FLOW_SH), definitions(CHILDREN_SH), definitions(MORE_SH)
     assert len(head) == len(set(head)) and len(tail) == len(set(tail))
-    assert not set(head) & set(tail)
+    assert len(more) == len(set(more))
+    assert not set(head) & set(tail) and not set(more) & (set(head) | set(tail))
     assert set(LAZY_ALL) <= set(head) and set(LAZY_ALL.values()) == set(tail)
     # flow.sh no longer reads itself
     assert "eval" not in re.sub(r"#.*", "", FLOW_SH.read_text())
@@ -146,7 +150,9 @@ def test_loading_adds_the_children_functions_and_redefines_none(tmp_path: Path) 
     before = (attempt / "names_before").read_text().split()
     after = (attempt / "names_after").read_text().split()
     assert set(before) >= set(LAZY_ALL) and not set(before) & set(LAZY_ALL.values())
-    assert set(after) - set(before) - {"dump"} == set(LAZY_ALL.values())
+    # flow-more.sh first (the children functions use its helpers), then flow-children.sh
+    loaded = set(LAZY_ALL.values()) | set(definitions(MORE_SH))
+    assert set(after) - set(before) - {"dump"} == loaded
 
 
 # -- a real manager -----------------------------------------------------------------------
@@ -293,7 +299,7 @@ def test_pip_install_ships_both_files(tmp_path: Path) -> None:
     shell = Path(where.stdout.strip()) / "shell"
     assert shell.parent != REPO / "httk_flow"
     # flow-gate.sh too: the launcher of a bash program sources it from the package
-    for name in ("flow.sh", "flow-children.sh", "flow-gate.sh"):
+    for name in ("flow.sh", "flow-more.sh", "flow-children.sh", "flow-gate.sh"):
         installed = shell / name
         assert installed.is_file() and not installed.is_symlink(), installed
         assert installed.read_bytes() == (REPO / "shell" / name).read_bytes()

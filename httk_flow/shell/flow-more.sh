@@ -1,0 +1,1 @@
+../../shell/flow-more.sh
