@@ -15,9 +15,11 @@ a dot, and stray names (an editor's temporary file, a `.birth.` name, a name hol
 newline) that are no markers.
 
 Each repetition times `flow -w WS status` and `flow -w WS status --json` under each tree
-(which tree goes first alternates), as whole commands; reported are the medians per
-side and the median of the per-repetition ratios new/base, so the shared machine's load
-cancels out, and the load average. The two trees' JSON documents must agree.
+(which tree goes first alternates), as whole commands, then `status --json` again once the
+heartbeat of a live manager with an end is written (the time fit's sample of ready jobs);
+reported are the medians per side and the median of the per-repetition ratios new/base,
+so the shared machine's load cancels out, and the load average. The two trees' JSON
+documents must agree (on the counts and what is blocked, with a live manager).
 """
 
 from __future__ import annotations
@@ -32,21 +34,13 @@ import subprocess
 import sys
 import time
 
+from httk_flow.protocol.names import to36
+
 #: share of jobs per state kind (the rest of the million are ready)
 MIX = {"submitted": 0.04, "succeeded": 0.07, "failed": 0.02, "waiting": 0.01, "cancelled": 0.01}
 TAGS = ("run", "a-", "x--y", "sweep_1+2", "T" * 64, "n0")
-B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 #: far from any clock the benchmark runs at: the backoff count does not depend on when
 FUTURE, PAST = 4_000_000_000, 1_000_000_000
-
-
-def to36(n: int) -> str:
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = B36[r] + out
-        if n == 0:
-            return out
 
 
 #: where every Python the benchmark starts caches its bytecode (set by main)
@@ -169,6 +163,29 @@ def build(ws: str, tree: str, n: int, seed: int = 18) -> dict[str, int]:
     return made
 
 
+def _live_manager(ws: str, tree: str) -> None:
+    """A heartbeat of a manager on another host with an hour left: `flow status` then
+    samples ready jobs for the time fit (ops/fit.py), the path a live allocation takes."""
+    beat = (
+        "import sys, time\n"
+        "from httk_flow.protocol.leases import ManagerInfo, write_heartbeat\n"
+        "from httk_flow.protocol.workspace import Workspace\n"
+        "ws = Workspace.open(sys.argv[1])\n"
+        "now = time.time()\n"
+        "info = ManagerInfo('mbench', 'bench-elsewhere', 4242, now, ends_at=now + 3600,\n"
+        "                   lease=3600.0, seq=1)\n"
+        "write_heartbeat(ws, info)\n"
+        "ws.close()\n"
+    )
+    subprocess.run([sys.executable, "-P", "-c", beat, ws], env=_env(tree), check=True)
+
+
+def _same(doc: bytes) -> object:
+    """What two trees' `status --json` must agree on (a manager's heartbeat age moves)."""
+    d = json.loads(doc)
+    return d["counts"], d["blocked"]
+
+
 def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, bytes]:
     t0 = time.perf_counter()
     p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -208,8 +225,11 @@ def main() -> None:
             )
             for tree in trees.values():  # warm: bytecode written, directories cached
                 _timed(_flow("-w", ws, "status"), _env(tree))
-            for variant in ((), ("--json",)):
-                label = " ".join(("status", *variant))
+            variants = [((), "status"), (("--json",), "status --json")]
+            variants.append((("--json",), "status --json, a live manager with an end"))
+            for variant, label in variants:
+                if "live" in label:
+                    _live_manager(ws, a.new)
                 walls: dict[str, list[float]] = {k: [] for k in trees}
                 for rep in range(a.reps):
                     order = list(trees) if rep % 2 == 0 else list(reversed(trees))
@@ -218,7 +238,7 @@ def main() -> None:
                         w, out = _timed(_flow("-w", ws, "status", *variant), _env(trees[side]))
                         walls[side].append(w)
                         docs[side] = out
-                    if variant and json.loads(docs["base"]) != json.loads(docs["new"]):
+                    if variant and _same(docs["base"]) != _same(docs["new"]):
                         raise SystemExit(f"the trees disagree on {ws}:\n{docs}")
                     print(
                         f"{n} {label} rep {rep}: base {walls['base'][-1]:.3f}s "

@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import shutil
+import signal
 import stat
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
 
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from httk_flow.ops.status import GroupBy, workspace_status
-from httk_flow.protocol import layout, names
+from httk_flow.protocol import counting, layout, names
 from httk_flow.protocol.counting import (
     STAT_MAX,
+    _count,
     _not_markers,
+    _per_directory,
     count_after,
     count_markers,
     tally_markers,
@@ -127,9 +133,13 @@ def _reference(ws: Workspace, state: State) -> list[Marker]:
 
 
 def _counts(
-    ws: Workspace, state: State
+    ws: Workspace, state: State, split: bool = False
 ) -> tuple[int, Counter[tuple[str | None, str | None]], tuple[int, int]]:
-    return count_markers(ws, state), tally_markers(ws, state), count_after(ws, state)
+    return (
+        count_markers(ws, state, split=split),
+        tally_markers(ws, state, split=split),
+        count_after(ws, state, split=split),
+    )
 
 
 def _expected(
@@ -143,10 +153,12 @@ def _expected(
 
 def _check(ws: Workspace, state: State) -> None:
     want = _expected(_reference(ws, state))
-    for listing in (contextlib.nullcontext(), _by_entry()):
-        with listing:
+    for listing in (contextlib.nullcontext, _by_entry):
+        with listing():
             got = _counts(ws, state)
         assert got == want
+        with listing(), _split_at(1):
+            assert _counts(ws, state, split=True) == want
         # Counters compare equal with entries of 0; a caller iterating them must see none
         assert 0 not in got[1].values()
 
@@ -284,3 +296,85 @@ def test_status_reports_a_paused_allocation_queue_only_with_ready_jobs() -> None
         AllocationStore(ws).unpause()
         assert not os.path.exists(layout.allocations_paused(ws.root))
         assert not any(w.startswith("allocation queue paused") for w in _blocked(ws))
+
+
+@contextlib.contextmanager
+def _split_at(pending: int) -> Iterator[list[int]]:
+    """Split counts fork once `pending` directories wait; yields the children's pids."""
+    pids: list[int] = []
+    real_fork, split_min = os.fork, counting.SPLIT_MIN
+
+    def fork() -> int:
+        pid = real_fork()
+        pids.append(pid)
+        return pid
+
+    os.fork, counting.SPLIT_MIN = fork, pending  # type: ignore[misc]
+    try:
+        yield pids
+    finally:
+        os.fork, counting.SPLIT_MIN = real_fork, split_min  # type: ignore[misc]
+
+
+def _shards(ws: Workspace, n: int, per: int) -> None:
+    tree = [
+        (f"jobs/{i:02x}", _name(service="q" if j % 4 else "")) for i in range(n) for j in range(per)
+    ]
+    tree += [("jobs/00/v1.2", _name(after=True)), ("jobs/00", "stray")]
+    _plant(ws, State.READY, tree)
+
+
+def test_a_split_count_forks_one_child_and_counts_what_a_serial_one_does() -> None:
+    with _workspace() as ws:
+        _shards(ws, 40, 7)
+        serial = _counts(ws, State.READY)
+        assert serial[0] == 40 * 7 + 1
+        with _split_at(counting.SPLIT_MIN) as pids:
+            assert _counts(ws, State.READY, split=True) == serial
+        assert len(pids) == 3  # one per count
+        with _by_entry(), _split_at(1) as pids:
+            assert _counts(ws, State.READY, split=True) == serial
+        assert pids == []  # through the seam, never
+
+
+def test_a_split_count_walks_the_childs_share_itself_when_the_child_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(obj: object) -> bytes:
+        raise pickle.PicklingError("no")
+
+    with _workspace() as ws:
+        _shards(ws, 40, 3)
+        serial = _counts(ws, State.READY)
+        monkeypatch.setattr(pickle, "dumps", broken)
+        with _split_at(2) as pids:
+            assert _counts(ws, State.READY, split=True) == serial
+        assert len(pids) == 3
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_directories_gone_mid_walk_are_passed_by(split: bool) -> None:
+    with _workspace() as ws:
+        _shards(ws, 40, 3)
+        walk = _per_directory(ws, State.READY, _count, split)
+        with _split_at(4) as pids:
+            # the kind's directory and jobs/ are listed: the shards are pending
+            got = [next(walk), next(walk)]
+            for i in range(1, 40, 3):
+                shutil.rmtree(ws.state_dir(State.READY, f"jobs/{i:02x}"))
+            got += list(walk)
+        assert len(pids) == split
+        assert sum(got) == count_markers(ws, State.READY) == 1 + 3 * (40 - 13)
+
+
+def test_a_split_walk_left_off_leaves_no_child_behind() -> None:
+    with _workspace() as ws:
+        _shards(ws, 40, 3)
+        with _split_at(4) as pids:
+            walk = _per_directory(ws, State.READY, _count, True)
+            for _ in range(4):
+                next(walk)
+            walk.close()
+        [pid] = pids
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # reaped

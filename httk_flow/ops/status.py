@@ -34,6 +34,10 @@ from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
 GroupBy = Literal["state", "placement", "step", "tag", "group"]
+#: ready markers of a class the time fit's walk builds a handle for, per job it may read:
+#: at a million jobs a handle each would cost seconds. Beyond it, the sample comes from
+#: the directories walked first (a default shard holds jobs by their ids' first digits)
+WALK_PER_SAMPLE = 10
 
 #: what the reconciler sizes allocations with (it reads the workspace through this module)
 __all__ = [
@@ -132,7 +136,7 @@ def workspace_status(
         if keep is not None and sel is not None and sel.states and st not in sel.states:
             continue
         if st is State.READY and by_name:
-            for (nb, cid), n in tally_markers(ws, st).items():
+            for (nb, cid), n in tally_markers(ws, st, split=True).items():
                 counts[st] += n
                 waiting_classes[cid or ""] += n
                 if nb is not None and from36(nb) > wall:
@@ -141,9 +145,9 @@ def workspace_status(
         if by == "state" and not walk and keep is None:
             # only names are needed here: count them without building a handle each
             if st is State.WAITING:
-                counts[st], deps = count_after(ws, st)
+                counts[st], deps = count_after(ws, st, split=True)
             else:
-                counts[st] = count_markers(ws, st)
+                counts[st] = count_markers(ws, st, split=True)
             continue
         for h in walk_all(ws, st):
             if keep is not None and not keep(h):
@@ -180,12 +184,23 @@ def workspace_status(
     # job.json is read only where a live manager's end could be too near for a job
     fit = {cid for cid, cap in caps.items() if cap is not None and cap.longest is not None}
     if by_name:
+        cut: set[str] = set()  # classes whose walk stopped at the bound
         if fit:
-            for h in walk_all(ws, State.READY, names=lambda name: marker_service(name) in fit):
+            want = {cid: WALK_PER_SAMPLE * times.per_class for cid in fit}
+            for h in walk_all(ws, State.READY, names=lambda name: marker_service(name) in want):
                 ready_look.see(h)
+                cid = h.marker.service
+                want[cid] -= 1
+                if not want[cid]:
+                    del want[cid]
+                    cut.add(cid)
+                    if not want:
+                        break
         for cid, n in waiting_classes.items():
             # a class not walked (or whose jobs all moved on since they were counted)
-            ready_look.by.setdefault(cid, QueueTimes(n))
+            q = ready_look.by.setdefault(cid, QueueTimes(n))
+            if cid in cut:
+                q.n = max(q.n, n)  # the sample stands for all that were counted
     ready_times = ready_look.finish(None if submitted_times else fit)
     blocked: list[tuple[str, int]] = []
     details: dict[str, dict[str, object]] = {}

@@ -5,11 +5,14 @@ marker per name. Read-side only; the manager's own scans are discovery.MarkerStr
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import Final, TypeVar
+from collections.abc import Callable, Generator, Iterator
+from typing import Final, Generic, TypeVar
 
 from httk_flow.protocol.fsio import FileSystem, fs
 from httk_flow.protocol.names import NB_CLS_RE, SCAN_SEP, marker_scan
@@ -21,12 +24,17 @@ SCAN_SLICE: Final = 8192
 #: a directory with more names than this that are no markers is listed by entry: it holds
 #: directories (a state kind's shards), whose types a listing by entry gives at once
 STAT_MAX: Final = 32
+#: directories pending before a split count forks a child for half of them: a fork (a
+#: few milliseconds) is worth it only with many directories to share
+SPLIT_MIN: Final = 16
 _T = TypeVar("_T")
 #: what a count makes of one directory's names: its result, and how many were markers
 _Scan = Callable[[list[str]], tuple[_T, int]]
 
 
-def _per_directory(ws: Workspace, state: State, scan: _Scan[_T]) -> Iterator[_T]:
+def _per_directory(
+    ws: Workspace, state: State, scan: _Scan[_T], split: bool = False
+) -> Generator[_T, None, None]:
     """`scan` of the names of each directory under a state kind, a directory at a time (a
     directory that cannot be listed is passed by).
 
@@ -39,9 +47,30 @@ def _per_directory(ws: Workspace, state: State, scan: _Scan[_T]) -> Iterator[_T]
     placement may be spelled so); where it does not add up (a filesystem that does not
     count subdirectories, a directory made or removed meanwhile), or where the others are
     many, the directory is listed by entry instead. (A symbolic link or other special file
-    with a marker's name, which no actor makes, counts when listed by name.)"""
+    with a marker's name, which no actor makes, counts when listed by name.)
+
+    `split`: once SPLIT_MIN directories are pending, a child process walks every other
+    one (_Share), where the plain filesystem is read by a process of one thread."""
     plain = type(fs.impl) is FileSystem
     stack = [ws.state_dir(state)]
+    share: _Share[_T] | None = None
+    try:
+        for found in _walk(stack, scan, plain):
+            yield found
+            if split and len(stack) >= SPLIT_MIN:
+                split = False
+                share = _Share.start(stack[1::2], scan) if plain and _may_fork() else None
+                if share is not None:
+                    del stack[1::2]  # in place: _walk pops from this list
+        if share is not None:
+            yield from share.finish(scan)
+    finally:
+        if share is not None:
+            share.end()  # a walk left off: no child outlives it
+
+
+def _walk(stack: list[str], scan: _Scan[_T], plain: bool) -> Iterator[_T]:
+    """The directories of `stack` and those below them, popped from it."""
     while stack:
         path = stack.pop()
         got = _by_name(path, scan) if plain else None
@@ -51,6 +80,82 @@ def _per_directory(ws: Workspace, state: State, scan: _Scan[_T]) -> Iterator[_T]
             found, subdirs = got
             yield found
             stack.extend(subdirs)
+
+
+def _may_fork() -> bool:
+    # a child forked beside other threads could find a lock one of them held
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+class _Share(Generic[_T]):
+    """Directories walked by a forked child while this process walks the rest.
+
+    Listing is kernel time a thread would give back, but CPython takes the interpreter
+    lock again for every name listed (and the search holds it throughout): two threads
+    barely overlap, two processes do. The child sends its results, pickled, through a
+    pipe; whatever goes wrong there, this process walks the share itself."""
+
+    def __init__(self, pid: int, fd: int, dirs: list[str]) -> None:
+        self.pid, self.fd, self.dirs = pid, fd, dirs
+        self.ended = False
+
+    def end(self) -> None:
+        """Close the pipe and reap the child (stopped first if it is still walking)."""
+        if self.ended:
+            return
+        self.ended = True
+        os.close(self.fd)
+        with contextlib.suppress(OSError):
+            if os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+
+    @classmethod
+    def start(cls, dirs: list[str], scan: _Scan[_T]) -> _Share[_T] | None:
+        import pickle  # lazy: only a split count needs it
+
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:  # pragma: no cover - the child; its results are what is checked
+            code = 1
+            try:
+                os.close(r)
+                data = memoryview(pickle.dumps(list(_walk(list(dirs), scan, True))))
+                while data:
+                    data = data[os.write(w, data) :]
+                code = 0
+            finally:
+                os._exit(code)  # never back into the caller's code
+        os.close(w)
+        return cls(pid, r, dirs)
+
+    def finish(self, scan: _Scan[_T]) -> list[_T]:
+        """The child's results, or the share walked here if they cannot be had."""
+        import pickle
+
+        parts = []
+        try:
+            while part := os.read(self.fd, 1 << 20):
+                parts.append(part)
+        except OSError:
+            parts = []
+        # the child has closed its end: it is exiting, reaping it does not wait long
+        # (ChildProcessError: a handler of this process's own reaped it already)
+        self.ended = True
+        os.close(self.fd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        try:
+            # a pickle ends with its own stop code: one cut short does not load
+            got: list[_T] = pickle.loads(b"".join(parts))
+        except Exception:  # whatever a damaged pickle raises
+            return list(_walk(list(self.dirs), scan, True))
+        return got
 
 
 def _by_name(path: str, scan: _Scan[_T]) -> tuple[_T, list[str]] | None:
@@ -138,10 +243,11 @@ def _count(names: list[str]) -> tuple[int, int]:
     return n, n
 
 
-def count_markers(ws: Workspace, state: State) -> int:
+def count_markers(ws: Workspace, state: State, *, split: bool = False) -> int:
     """How many marker names of the grammar lie under a state kind (a plain directory
-    walk): one search per directory (marker_scan), no call per name."""
-    return sum(_per_directory(ws, state, _count))
+    walk): one search per directory (marker_scan), no call per name. `split`: half the
+    directories walked by a child process (_per_directory), for a one-off look."""
+    return sum(_per_directory(ws, state, _count, split))
 
 
 def _tally_by(capture: str) -> _Scan[Counter[str]]:
@@ -162,29 +268,31 @@ def _tally_by(capture: str) -> _Scan[Counter[str]]:
     return tally
 
 
-def _tally(ws: Workspace, state: State, capture: str) -> Counter[str]:
+def _tally(ws: Workspace, state: State, capture: str, split: bool) -> Counter[str]:
     """Markers under a state kind counted by what the group `capture` of marker_scan
     spells in each ("" where it is empty)."""
     total: Counter[str] = Counter()
-    for found in _per_directory(ws, state, _tally_by(capture)):
+    for found in _per_directory(ws, state, _tally_by(capture), split):
         total.update(found)
     return total
 
 
-def tally_markers(ws: Workspace, state: State) -> Counter[tuple[str | None, str | None]]:
+def tally_markers(
+    ws: Workspace, state: State, *, split: bool = False
+) -> Counter[tuple[str | None, str | None]]:
     """Markers of the grammar under a state kind, counted by (not-before field, class
     field) as their names spell them (None: absent): counts by class and backoff with one
     search per directory and no marker built."""
     tally: Counter[tuple[str | None, str | None]] = Counter()
-    for fields, n in _tally(ws, state, "nb_cls").items():
+    for fields, n in _tally(ws, state, "nb_cls", split).items():
         m = NB_CLS_RE.fullmatch(fields)
         assert m is not None, fields  # the scan matched it
         tally[m["nb"], m["cls"]] += n
     return tally
 
 
-def count_after(ws: Workspace, state: State) -> tuple[int, int]:
+def count_after(ws: Workspace, state: State, *, split: bool = False) -> tuple[int, int]:
     """(markers, those whose name carries the `.a` field: waiting for dependencies) under
     a state kind, by name, with one search per directory."""
-    found = _tally(ws, state, "aft")
+    found = _tally(ws, state, "aft", split)
     return found.total(), found[".a"]

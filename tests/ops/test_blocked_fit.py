@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from helpers import wait_for
 from manager.support import Managers, flow, log_of, submit, write_script
 
@@ -157,3 +158,34 @@ def test_queue_times_estimate_from_what_was_read() -> None:
     assert steady("needs 1h; the longest remaining manager time is 2m5s; x") == steady(
         "needs 1h; the longest remaining manager time is 1m59s; x"
     )
+
+
+def test_the_time_fit_walks_a_bounded_share_of_a_large_ready_queue(
+    root: str, scripts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ready jobs counted by name, then handles built for at most WALK_PER_SAMPLE times the
+    sample: the blocked count is estimated for every counted job, not those walked."""
+    from httk_flow.ops import fit, status
+    from httk_flow.protocol.discovery import walk_all
+    from httk_flow.protocol.jobs import register
+    from httk_flow.protocol.leases import ManagerInfo, write_heartbeat
+
+    submit(root, write_script(scripts, "ok.sh", "exit 0\n"), count=40, time=3600.0)
+    ws = Workspace.open(root)
+    try:
+        for h in list(walk_all(ws, State.SUBMITTED)):
+            register(ws, h, actor="test")
+        now = time.time()
+        # a manager on another host, heard from just now, with 5 minutes left
+        info = ManagerInfo("mfar", "node-far", 4242, now, ends_at=now + 300, lease=600.0, seq=1)
+        write_heartbeat(ws, info)
+        seen = []
+        real_see = fit.Look.see
+        monkeypatch.setattr(fit.Look, "see", lambda look, h: (seen.append(h), real_see(look, h)))
+        report = status.workspace_status(ws, times=TimeRequests(ws, per_class=2, total=2))
+    finally:
+        ws.close()
+    assert len(seen) == status.WALK_PER_SAMPLE * 2 < 40
+    [(reason, n)] = report.blocked
+    assert n == report.stuck_ready == 40
+    assert reason.startswith("needs 1h;") and reason.endswith("(estimated from 2 of 40 jobs read)")
