@@ -16,6 +16,15 @@
 # flow_main runs), _flow_in_err (guards the ERR trap against re-entry), _flow_main_pid
 # (the shell that runs the step, flow_main's $BASHPID), _flow_more_api (this file: 1 read,
 # 0 refused), _flow_declared and _flow_steps_list (the steps flow_steps declared).
+#
+# flow.sh is terse because every job parses each character of it (about 450 instructions a
+# character of code, 130 of comment): its why is here. _FLOW_WORD and _FLOW_PLAIN list the
+# characters of a name and of a message written as is (printable ASCII but \ and "): a
+# range such as [a-z] may match others in some locales. _flow_outcome publishes in place
+# with no process started (outcome.line made with O_EXCL, as set -C makes it) and takes
+# the long way for anything else, and in posix mode, where a failed redirection of exec
+# would end the shell. flow_param is there, not here: a first call in a $(flow_param KEY)
+# subshell would read this file in that subshell, each time.
 # shellcheck disable=SC2154 # the state of an attempt lives in flow.sh
 
 _FLOW_MORE_VERSION=0.1.0

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# httk_flow bash runner API (docs/bash-api.md). bash parses all of it at each start of a
-# step, so it is the plain path only: flow-more.sh beside it has the rest (see there).
+# httk_flow bash runner API (docs/bash-api.md). Every job parses each character here: the
+# plain path only, terse; flow-more.sh beside it has the rest and the why.
 
 [[ -z ${_FLOW_API_LOADED-} ]] || return 0
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 402)); then
@@ -10,22 +10,19 @@ fi
 _FLOW_API_VERSION=0.1.0
 _FLOW_API_LOADED=1 _FLOW_API_FILE=${BASH_SOURCE[0]}
 [[ $_FLOW_API_FILE == /* ]] || _FLOW_API_FILE=$PWD/$_FLOW_API_FILE
-# the characters of a name, and of a message written as is (printable ASCII but \ and "),
-# one by one: a range such as [a-z] may match others in some locales
+# a name's characters, a plain message's (no \ or "): listed, as [a-z] may match others
 _FLOW_WORD=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_
 _FLOW_PLAIN="]$_FLOW_WORD"$' !#$%&\'()*+,./:;<=>?@[^`{|}~-'
-# the attempt's state (flow-more.sh says what each is)
 _flow_published=0 _flow_error="" _flow_step="" _flow_in_err=0 _flow_main_pid="" _flow_more_api="" _flow_steps_list=()
 declare -gA _flow_declared=()
 
-# _flow_more NAME ARGS...: the long way, _flow_more_NAME of flow-more.sh
+# _flow_more NAME ARGS...: _flow_more_NAME of flow-more.sh
 _flow_more() {
     [[ $_flow_more_api == 1 ]] || _flow_load || return
     "_flow_more_$1" "${@:2}" || return
 }
 
-# _flow_load: read flow-more.sh, of this version; else say so and publish a fail in place
-# (plain text), once: nothing else could
+# read flow-more.sh of this version, else publish a fail in place: nothing else could
 _flow_load() {
     local _flow_m=${_FLOW_API_FILE%/*}/flow-more.sh
     # shellcheck source-path=SCRIPTDIR source=flow-more.sh
@@ -42,15 +39,12 @@ _flow_load() {
     return 2
 }
 
-# _flow_ident STRING: a name (of a step, a parameter, a variable)?
 _flow_ident() { [[ $1 == [!0123456789]* && $1 != *[!$_FLOW_WORD]* && ${#1} -le 64 ]]; }
 
-# _flow_outcome FUNC ACTION MESSAGE EXTRA [NARGS]: publish in place, as outcome.line made
-# with O_EXCL (noclobber): no process started. The long way for anything else (in posix
-# mode, as a failed redirection of exec ends the shell there).
+# _flow_outcome FUNC ACTION MESSAGE EXTRA [NARGS]: outcome.line made O_EXCL (set -C)
 _flow_outcome() {
     local _flow_fd _flow_o=$-
-    if [[ $_flow_published == 1 || -n $_flow_error || ${5-1} == 0 || ${FLOW_DURABLE-0} == 1 || :$SHELLOPTS: == *:posix:* || $3 == *[!$_FLOW_PLAIN]* ||
+    if [[ $_flow_published == 1 || -n $_flow_error || ${5-1} == 0 || ${FLOW_DURABLE-0} == 1 || -o posix || $3 == *[!$_FLOW_PLAIN]* ||
         ! -d ${FLOW_CONTROL_DIR-} || -e $FLOW_CONTROL_DIR/outcome.line || -e $FLOW_CONTROL_DIR/outcome.ready ]]; then
         _flow_more outcome "$@"
         return
@@ -69,14 +63,12 @@ _flow_outcome() {
     fi
 }
 
-# the ERR trap of flow_main: under set -e, in the step's own shell only; FUNCNAME[1] is read
-# before a call changes the stack
+# the ERR trap: under set -e, in the step's shell; FUNCNAME[1] read before a call
 _flow_on_err() {
     [[ $- == *e* && $_flow_in_err == 0 && $BASHPID == "$_flow_main_pid" ]] || return 0
     _flow_more on_err "$@" "${FUNCNAME[1]-main}" || true
 }
 
-# flow_steps NAME...: declare the steps of this program (each runs as step_NAME).
 flow_steps() {
     local _flow_s
     for _flow_s; do
@@ -87,7 +79,6 @@ flow_steps() {
     (($#)) || _flow_more steps || return
 }
 
-# flow_main [ARGS...]: run step_$FLOW_STEP with ARGS; make sure it ends with one outcome.
 flow_main() {
     local _flow_s=${FLOW_STEP-} _flow_rc
     if [[ -z ${FLOW_CONTROL_DIR-} || -z $_flow_s || -z ${_flow_declared[$_flow_s]-} || -n $_flow_error ]] || ! declare -F "step_$_flow_s" >/dev/null; then
@@ -103,10 +94,8 @@ flow_main() {
     [[ $_flow_published == 1 || -e $FLOW_CONTROL_DIR/outcome.line ]] || _flow_more main_end "$_flow_rc"
 }
 
-# flow_succeed [MSG]: the job succeeded.
 flow_succeed() { _flow_outcome flow_succeed succeed "$*" ""; }
 
-# flow_fail MSG [CODE]: the job failed for good (CODE: a short reason, default "failed").
 flow_fail() {
     if (($# == 1)) || [[ $# == 2 && -n $2 && $2 != *[!$_FLOW_WORD.:+-]* && ${#2} -le 64 ]]; then
         _flow_outcome flow_fail fail "$1" "${2+,\"code\":\"$2\"}"
@@ -115,7 +104,6 @@ flow_fail() {
     fi
 }
 
-# flow_advance STEP [MSG]: continue the job at STEP (a new activation).
 flow_advance() {
     if [[ -n ${1-} && -n ${_flow_declared[$1]-} ]]; then
         _flow_outcome flow_advance advance "${*:2}" ",\"step\":\"$1\""
@@ -124,14 +112,11 @@ flow_advance() {
     fi
 }
 
-# flow_retry REASON: run this step again (charged to the retry budget, with backoff).
 flow_retry() { _flow_outcome flow_retry retry "$*" "" $#; }
 
-# flow_pause REASON: park the job until an operator runs flow resume.
 flow_pause() { _flow_outcome flow_pause pause "$*" "" $#; }
 
-# flow_param [-v VAR] KEY [DEFAULT]: print parameter KEY (no newline added), or set VAR.
-# Here but for a misuse: each $(flow_param KEY) subshell would read flow-more.sh again.
+# here: a $(flow_param KEY) subshell would read flow-more.sh each time
 flow_param() {
     local _flow_out="" _flow_var
     if [[ ${1-} == -v ]] && (($# > 2)) && _flow_ident "$2"; then
@@ -150,16 +135,13 @@ flow_param() {
     fi
 }
 
-# flow_is_restart: true when this step ran before in this activation (a retry or recovery).
 flow_is_restart() { [[ ${FLOW_IS_RESTART-0} == 1 ]]; }
 
-# flow_is_unclean_restart: true when the previous attempt was interrupted (node died, drain).
 flow_is_unclean_restart() { [[ ${FLOW_UNCLEAN_RESTART-0} == 1 ]]; }
 
-# flow_log MSG...: a timestamped line on the attempt's stderr.
 flow_log() { printf '%(%Y-%m-%dT%H:%M:%S)T flow[%s %s]: %s\n' -1 "${FLOW_STEP-?}" "${FLOW_ATTEMPT_ID-?}" "$*" >&2 || true; }
 
-# flow_spawn, flow_wait, flow_children: in flow-children.sh
+# in flow-children.sh
 flow_spawn() { _flow_more lazy flow_spawn "$@"; }
 flow_wait() { _flow_more lazy flow_wait "$@"; }
 flow_children() { _flow_more lazy flow_children; }

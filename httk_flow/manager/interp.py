@@ -40,7 +40,7 @@ def can_gate_bash() -> bool:
 _SKIPS_GATE = ("BASH_ENV", "POSIXLY_CORRECT", "POSIX_PEDANTIC", "SHELLOPTS", "BASHOPTS")
 #: what the gate runs by name: an exported function of one of these names would run in its
 #: place (a `read` that returns at once would open the gate early)
-_GATE_NAMES = ("read", "cd", "exec", "printf", "echo", "exit", "unset", "builtin", "command")
+_GATE_NAMES = tuple("read cd exec printf echo exit return unset builtin command".split())
 #: exported functions as bash names them: name%% (upstream), name() (older distributions)
 _GATE_FUNCS = tuple(f"BASH_FUNC_{n}{tail}" for n in _GATE_NAMES for tail in ("%%", "()"))
 

@@ -33,7 +33,14 @@ __all__ = [
     "signal_group",
 ]
 
-#: the gate of a bash program, which bash sources (as BASH_ENV) before the program
+#: the gate of a bash program, which bash sources (as BASH_ENV) before the program: one
+#: process is launcher and program. It does what _SCRIPT does: closes GATE_FD (the
+#: program must not inherit it), opens the output files, writes context.json if asked,
+#: enters the workdir, waits for the gate (TMOUT=0: a TMOUT of the environment must not
+#: time it out; a gate closed unopened ends it before the program's first line), makes the
+#: same checks of the program ($0), then unsets its variables. Every job parses it, so it
+#: is terse, and its plain path ends in `return`: the failure branch after it is parsed
+#: only when a check fails (hence `return` among interp's names a function must not shadow).
 GATE_SCRIPT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shell", "flow-gate.sh"
 )

@@ -477,6 +477,19 @@ def test_other_environments_that_change_what_the_gate_runs_go_through_sh(
     assert not interp.gates_in({"PATH": PATH, **extra})
 
 
+def test_an_exported_return_would_end_the_gate_in_the_wrong_place(
+    tmp_path: Path, attempt: Attempt
+) -> None:
+    """The gate ends its plain path with `return`, so bash never parses its failure branch:
+    an exported function named return would run on into that branch, and the program would
+    never start. Such an environment goes through /bin/sh."""
+    prog = program(tmp_path, "echo ran\n")
+    shadow = {"BASH_FUNC_return%%": "() { :; }"}
+    assert attempt.run(prog, bash=BASH) == 0 and attempt.out() == "ran\n"
+    assert attempt.run(prog, bash=BASH, env=shadow) == 126
+    assert not interp.gates_in({"PATH": PATH, **shadow})
+
+
 def test_a_harmless_exported_function_keeps_the_bash_launcher(tmp_path: Path) -> None:
     """Module systems export functions (module, ml) into every job: those do not shadow
     anything the gate runs."""
