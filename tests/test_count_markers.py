@@ -324,6 +324,29 @@ def _shards(ws: Workspace, n: int, per: int) -> None:
     _plant(ws, State.READY, tree)
 
 
+_MAY_FORK = counting._may_fork
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an earlier test of the same session may leave a thread behind (a manager run in
+    # process), which makes a split count walk alone: these tests are about the fork
+    monkeypatch.setattr(counting, "_may_fork", lambda: True)
+
+
+def test_the_split_count_does_not_fork_beside_other_threads() -> None:
+    import threading
+
+    done = threading.Event()
+    t = threading.Thread(target=done.wait)
+    t.start()
+    try:
+        assert not _MAY_FORK()
+    finally:
+        done.set()
+        t.join()
+
+
 def test_a_split_count_forks_one_child_and_counts_what_a_serial_one_does() -> None:
     with _workspace() as ws:
         _shards(ws, 40, 7)
