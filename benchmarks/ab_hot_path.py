@@ -27,12 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-API = """#!/usr/bin/env bash
-source "$FLOW_BASH_API"
-flow_steps main
-step_main() { flow_succeed; }
-flow_main "$@"
-"""
+from programs import FLOW_API1 as API  # the standard no-op bash-API program
 
 Point = tuple[float, float, float, float]  # jobs/s, CPU ms/job, manager CPU ms/job, inodes/job
 

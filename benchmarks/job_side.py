@@ -35,13 +35,9 @@ import sys
 import tempfile
 import time
 
+from programs import FLOW_API1  # the standard no-op bash-API program
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOOP = """#!/usr/bin/env bash
-source "$FLOW_BASH_API"
-flow_steps main
-step_main() { flow_succeed; }
-flow_main "$@"
-"""
 CAPTURE = """#!/usr/bin/env bash
 cat /proc/$$/environ >"$CAPTURE_DIR/environ"
 cat /proc/$$/cmdline >"$CAPTURE_DIR/cmdline"
@@ -152,7 +148,7 @@ def main() -> None:
     bare_env = {k: v for k, v in env.items() if not k.startswith(GATE_VARS)}
     empty = os.path.join(tmp, "empty.sh")
     noop = os.path.join(tmp, "noop.sh")
-    for path, text in ((empty, "#!/usr/bin/env bash\n"), (noop, NOOP)):
+    for path, text in ((empty, "#!/usr/bin/env bash\n"), (noop, FLOW_API1)):
         with open(path, "w") as fh:
             fh.write(text)
         os.chmod(path, 0o755)
