@@ -99,18 +99,7 @@ class Tidy:
     def sweep(self) -> None:
         """The directories run(sweep=True) left: the attempt's, then attempts/ and run/
         when empty. Only for a job that ended for good, after its final rename."""
-        try:
-            jfd = os.open(self.job_dir, _DIR_FLAGS)
-        except OSError:
-            return
-        try:
-            afd = _open_dir(_ATTEMPTS, jfd)
-            if afd is not None:
-                _rmdir(self.attempt, afd)
-                os.close(afd)
-            self._dirs(jfd, True)
-        finally:
-            os.close(jfd)
+        self.drop((), terminal=True)
 
     def drop(self, streamed: Streamed, *, terminal: bool, sweep: bool = False) -> None:
         """After the final frame holds where the output went: its files, then the
@@ -123,7 +112,7 @@ class Tidy:
             afd = _open_dir(_ATTEMPTS, jfd)
             if afd is not None:
                 try:
-                    xfd = _open_dir(self.attempt, afd)
+                    xfd = _open_dir(self.attempt, afd) if streamed else None
                     if xfd is not None:
                         for name, _ in streamed:
                             _unlink(name, xfd)

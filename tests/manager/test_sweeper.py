@@ -42,6 +42,18 @@ def _tidy(job: Path) -> Tidy:
     return Tidy(str(job), "a0001", persistent=True, settled=True)
 
 
+def _queued(tmp_path: Path, sweeper: Sweeper, n: int) -> list[Path]:
+    """n ended jobs, tidied, their directories queued for the sweeper."""
+    jobs = []
+    for i in range(n):
+        job = _attempt(tmp_path / str(i))
+        tidy = _tidy(job)
+        tidy.run(terminal=True, outcome=True, sweep=True)
+        sweeper.put(tidy)
+        jobs.append(job)
+    return jobs
+
+
 def test_a_swept_tidy_leaves_the_directories_until_the_sweep(tmp_path: Path) -> None:
     job = _attempt(tmp_path)
     tidy = _tidy(job)
@@ -98,15 +110,9 @@ def test_a_sweep_of_a_vanished_job_is_quiet(tmp_path: Path) -> None:
 
 
 def test_the_sweeper_sweeps_until_busy_and_close_sweeps_the_rest(tmp_path: Path) -> None:
-    jobs = []
     sweeper = Sweeper()
-    for i in range(5):
-        job = _attempt(tmp_path / str(i))
-        tidy = _tidy(job)
-        tidy.run(terminal=True, outcome=True, sweep=True)
-        sweeper.put(tidy)
-        jobs.append(job)
-    asked = []
+    jobs = _queued(tmp_path, sweeper, 5)
+    asked: list[int] = []
 
     def busy() -> bool:
         asked.append(len(asked))
@@ -124,13 +130,7 @@ def test_the_sweeper_sweeps_until_busy_and_close_sweeps_the_rest(tmp_path: Path)
 def test_a_sweeper_never_waiting_still_sweeps_beyond_its_limit(tmp_path: Path) -> None:
     sweeper = Sweeper()
     sweeper.LIMIT = 3
-    jobs = []
-    for i in range(5):
-        job = _attempt(tmp_path / str(i))
-        tidy = _tidy(job)
-        tidy.run(terminal=True, outcome=True, sweep=True)
-        sweeper.put(tidy)
-        jobs.append(job)
+    jobs = _queued(tmp_path, sweeper, 5)
     assert len(sweeper) == 3
     assert [_names(job) == ["job.json"] for job in jobs] == [True, True, False, False, False]
 
