@@ -17,7 +17,7 @@ from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
 from httk_flow.manager.log import ManagerLog
-from httk_flow.manager.tidy import Sweeper, Tidy
+from httk_flow.manager.tidy import Tidy
 from httk_flow.protocol import staging
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.crash import crash_point
@@ -53,9 +53,6 @@ class Committer:
         self.heartbeat: Callable[[], None] = lambda: None
         #: our log segments (policy `logs: stream`), opened at the first streamed output
         self._logs: LogWriter | None = None
-        #: removes the empty directories of jobs that ended for good when the manager
-        #: would otherwise wait (tidy.py); None: at once, before the final rename
-        self.sweeper: Sweeper | None = None
 
     def ending_from_dir(
         self,
@@ -217,20 +214,10 @@ class Committer:
             crash_point("commit.after_children")
         streamed: Streamed = ()
         terminal = decision.target.is_terminal
-        # nothing is made in a job that ended for good: its directories may go after the
-        # final rename, while the loop waits (a failed job may be resumed: never swept)
-        sweeper = self.sweeper if decision.target.is_permanent else None
-        if tidy is None or decision.children or decision.changes.join is not None:
+        if tidy is not None and not decision.children and decision.changes.join is None:
             # a wait's children are read again from its outcome.ready/ if this commit is
             # resumed (also when a folded pause turned it into one to paused): never tidied
-            tidy = None
-        else:
-            streamed = tidy.run(
-                terminal=terminal,
-                outcome=_whole(body.result),
-                stream=self.logs,
-                sweep=sweeper is not None,
-            )
+            streamed = tidy.run(terminal=terminal, outcome=_whole(body.result), stream=self.logs)
             crash_point("commit.after_tidy")
         c = decision.changes
         final_body = body.carry(
@@ -259,9 +246,7 @@ class Committer:
         if streamed and tidy is not None:
             # the final frame says where the output is: only now may its files go (a
             # crash before leaves them, and flow logs reads the files first)
-            tidy.drop(streamed, terminal=terminal, sweep=sweeper is not None)
-        if tidy is not None and sweeper is not None:
-            sweeper.put(tidy)
+            tidy.drop(streamed, terminal=terminal)
         return final
 
     @property

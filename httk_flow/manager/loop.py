@@ -29,7 +29,6 @@ from httk_flow.manager.owners import OwnerOracle
 from httk_flow.manager.pace import IdlePace
 from httk_flow.manager.passes import PassContext, RecoveryPass, RegisterPass
 from httk_flow.manager.slots import Slots
-from httk_flow.manager.tidy import Sweeper
 from httk_flow.protocol import layout
 from httk_flow.protocol.children import child_states
 from httk_flow.protocol.discovery import any_marker
@@ -109,7 +108,6 @@ class Manager:
         self.inbox = RequestInbox(ws, self.id, self.log, lease_factor=ws.policy.takeover_factor)
         self.committer = Committer(ws, self.id, self.log, shared, self.inbox)
         self.committer.heartbeat = self.heartbeat
-        self.committer.sweeper = Sweeper()
         self.oracle = OwnerOracle(
             ws,
             self.id,
@@ -392,8 +390,6 @@ class Manager:
                     signal.signal(signum, handler)  # type: ignore[arg-type]
             os.close(wake_r)
             os.close(wake_w)
-            if self.committer.sweeper is not None:
-                self.committer.sweeper.close()  # what is queued: a job is its three inodes
             if not self.local:
                 mark_stopped(self.ws, self.id)
             self.heartbeat(force=True)
@@ -444,10 +440,6 @@ class Manager:
         poller.register(wake_fd, select.POLLIN)
         for fd in self.local.pidfds():
             poller.register(fd, select.POLLIN)
-        sweeper = self.committer.sweeper
-        if sweeper:
-            # the wait's first use: until an attempt ends or a signal comes
-            sweeper.sweep(lambda: bool(poller.poll(0)))
         for fd, _ in poller.poll(seconds * 1000):
             if fd == wake_fd:
                 with contextlib.suppress(OSError):

@@ -2,19 +2,16 @@
 
 Done by the manager that commits its own attempt, after the committing frame (which
 records the outcome) and before the final rename, while it alone holds the job: no other
-process can be making the job's next attempt. The empty directories of a job that ended
-for good (succeeded, cancelled) go after the final rename instead, when the manager would
-otherwise wait (Sweeper): nothing is ever made in such a job again. So a job whose program
-printed nothing ends as three inodes (its directory, job.json, its marker). Every path is
-opened relative to a descriptor without following a symbolic link: a program that
-replaced its attempt directory with a link cannot make the manager remove files elsewhere.
+process can be making the job's next attempt. So a job whose program printed nothing
+ends as three inodes (its directory, job.json, its marker). Every path is opened relative
+to a descriptor without following a symbolic link: a program that replaced its attempt
+directory with a link cannot make the manager remove files elsewhere.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,21 +57,13 @@ class Tidy:
     key: str = ""
     placement: str = ""
 
-    def run(
-        self,
-        *,
-        terminal: bool,
-        outcome: bool,
-        stream: LogWriter | None = None,
-        sweep: bool = False,
-    ) -> Streamed:
+    def run(self, *, terminal: bool, outcome: bool, stream: LogWriter | None = None) -> Streamed:
         """Remove what the attempt left that holds nothing; with `terminal` (the job's
         last attempt) also attempts/ and run/ when they are empty. `outcome`: the frames
         hold the published outcome whole (accepted, its message not cut), so its file may
         go too. `stream`: output is appended there (what is returned goes into the final
-        frame) and its files are left for drop() once that frame is written. `sweep`:
-        the directories are left for sweep() after the final rename (a job that ended
-        for good). Never raises: an untidied file costs an inode, never correctness."""
+        frame) and its files are left for drop() once that frame is written. Never
+        raises: an untidied file costs an inode, never correctness."""
         streamed: Streamed = ()
         try:
             jfd = os.open(self.job_dir, _DIR_FLAGS)
@@ -85,25 +74,16 @@ class Tidy:
             if afd is not None:
                 try:
                     streamed = self._attempt(afd, jfd, outcome, stream)
-                    if not sweep:
-                        # fails while anything is left (output, exec.failed, ...): kept
-                        _rmdir(self.attempt, afd)
                 finally:
                     os.close(afd)
-            if not sweep:
-                self._dirs(jfd, terminal)
+            self._dirs(jfd, terminal)
         finally:
             os.close(jfd)
         return streamed
 
-    def sweep(self) -> None:
-        """The directories run(sweep=True) left: the attempt's, then attempts/ and run/
-        when empty. Only for a job that ended for good, after its final rename."""
-        self.drop((), terminal=True)
-
-    def drop(self, streamed: Streamed, *, terminal: bool, sweep: bool = False) -> None:
+    def drop(self, streamed: Streamed, *, terminal: bool) -> None:
         """After the final frame holds where the output went: its files, then the
-        directories they kept (as run() removes them; with `sweep`, left for sweep())."""
+        directories they kept (as run() removes them)."""
         try:
             jfd = os.open(self.job_dir, _DIR_FLAGS)
         except OSError:
@@ -112,17 +92,15 @@ class Tidy:
             afd = _open_dir(_ATTEMPTS, jfd)
             if afd is not None:
                 try:
-                    xfd = _open_dir(self.attempt, afd) if streamed else None
+                    xfd = _open_dir(self.attempt, afd)
                     if xfd is not None:
                         for name, _ in streamed:
                             _unlink(name, xfd)
                         os.close(xfd)
-                    if not sweep:
-                        _rmdir(self.attempt, afd)
+                    _rmdir(self.attempt, afd)
                 finally:
                     os.close(afd)
-            if not sweep:
-                self._dirs(jfd, terminal)
+            self._dirs(jfd, terminal)
         finally:
             os.close(jfd)
 
@@ -153,6 +131,8 @@ class Tidy:
                     _rmdir(_WORK, xfd)
         finally:
             os.close(xfd)
+        # fails while anything is left (output, exec.failed, outcome.ready/, ...): kept
+        _rmdir(self.attempt, afd)
         return tuple(streamed)
 
     def _stream(self, name: str, xfd: int, stream: LogWriter) -> RecordRef | None:
@@ -217,43 +197,6 @@ class Tidy:
                 os.rename(name, kept, src_dir_fd=xfd, dst_dir_fd=jfd)
         except OSError:
             pass
-
-
-class Sweeper:
-    """The directories of jobs that ended for good, swept while the manager would
-    otherwise wait for its attempts: on ext4 an rmdir waits some 50 us for the
-    filesystem's journal beyond its 10 us of CPU, and three per job inside the commit were
-    a sixth of the loop's time. What is queued when the process dies stays (an empty
-    directory: an inode, never correctness)."""
-
-    #: queued beyond this, the oldest is swept at once: a manager that never waits
-    #: still sweeps, and the queue stays small
-    LIMIT = 1024
-
-    def __init__(self) -> None:
-        self._queue: deque[Tidy] = deque()
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def put(self, tidy: Tidy) -> None:
-        self._queue.append(tidy)
-        if len(self._queue) > self.LIMIT:
-            self._queue.popleft().sweep()
-
-    def sweep(self, busy: Callable[[], bool]) -> int:
-        """Sweep the oldest first until `busy()` (asked before each job) says there is
-        other work; returns how many were swept."""
-        n = 0
-        while self._queue and not busy():
-            self._queue.popleft().sweep()
-            n += 1
-        return n
-
-    def close(self) -> None:
-        """Sweep everything queued (the manager's exit)."""
-        while self._queue:
-            self._queue.popleft().sweep()
 
 
 def _open_dir(name: str, dir_fd: int) -> int | None:
