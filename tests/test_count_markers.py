@@ -11,6 +11,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -335,8 +336,6 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_split_count_does_not_fork_beside_other_threads() -> None:
-    import threading
-
     done = threading.Event()
     t = threading.Thread(target=done.wait)
     t.start()
