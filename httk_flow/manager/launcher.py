@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from dataclasses import dataclass
 
 from httk_flow.protocol import layout
@@ -60,6 +61,10 @@ def _gate_fd() -> int | None:
     return _gate[0] if _gate[0] >= 0 else None
 
 
+#: signals Python ignores in the manager (an ignored signal stays ignored across exec, and
+#: bash cannot even trap one ignored at its start): the program gets their default back,
+#: as from a shell, so `producer | head` ends the producer by SIGPIPE
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 #: exit status of a launcher whose gate closed without being opened
 GATE_CLOSED = 125
 #: the text of the file the launcher writes: in the environment, which only the job's
@@ -199,7 +204,15 @@ def launch(
     r, w = os.pipe()  # both ends close-on-exec; the read end is dup'ed to the gate's stdin
     actions[0] = (os.POSIX_SPAWN_DUP2, r, 0)
     try:
-        pid = os.posix_spawn(exe, [*args, *argv], env, file_actions=actions, setpgroup=0)
+        pid = os.posix_spawn(
+            exe,
+            [*args, *argv],
+            env,
+            file_actions=actions,
+            setpgroup=0,
+            setsigmask=(),
+            setsigdef=DEFAULT_SIGNALS,
+        )
     except BaseException:
         os.close(w)
         raise
