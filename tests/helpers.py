@@ -268,7 +268,8 @@ def attempt_output(job_dir: str | os.PathLike[str], n: int, name: str = "stdout"
     """What attempt n wrote to `name` (stdout, stderr): in its directory while it runs, or
     beside job.json (aNNNN.stdout) once its commit tidied it; "" when it wrote nothing."""
     for path in (
-        Path(job_dir) / "attempts" / f"a{n:04d}" / name,
+        Path(job_dir) / f"a{n:04d}" / name,
+        Path(job_dir) / "attempts" / f"a{n:04d}" / name,  # made by protocol revision <= 5
         Path(job_dir) / f"a{n:04d}.{name}",
     ):
         try:

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from httk_flow.protocol import layout, logstream
+from httk_flow.protocol.jobs import find_attempt_dir
 from httk_flow.protocol.names import Marker
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
@@ -55,6 +56,7 @@ DOCUMENTED = {
     layout.kept_output(JOB, 1, "stdout").replace("a0001", "aNNNN"),
     layout.kept_output(JOB, 1, "stderr").replace("a0001", "aNNNN"),
     layout.attempt_dir(JOB, 1).replace("a0001", "aNNNN") + "/",
+    layout.attempts_dir(JOB) + "/aNNNN/",
     layout.job_dir(JOB, "", "<child-key>") + "/",
     layout.context_file(ATTEMPT),
     layout.stdout_file(ATTEMPT),
@@ -82,11 +84,35 @@ def test_the_protocol_documents_exactly_the_paths_layout_builds() -> None:
     assert DOCUMENTED - documented == set(), "built by layout, but not documented"
 
 
+def test_an_attempt_is_found_where_its_revision_made_it(tmp_path: pathlib.Path) -> None:
+    """aNNNN/ beside job.json (revision 6), else attempts/aNNNN/ (revisions up to 5), never
+    through a linked attempts/; the revision-6 place when neither exists."""
+    job = tmp_path / "k"
+    (job / "attempts" / "a0001").mkdir(parents=True)
+    (job / "a0002").mkdir()
+    (job / "attempts" / "a0003").mkdir()
+    (job / "a0003").mkdir()
+    assert find_attempt_dir(str(job), 1) == str(job / "attempts" / "a0001")
+    assert find_attempt_dir(str(job), 2) == str(job / "a0002")
+    assert find_attempt_dir(str(job), 3) == str(job / "a0003")
+    assert find_attempt_dir(str(job), 4) == str(job / "a0004")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "attempts").symlink_to(job / "attempts")
+    assert find_attempt_dir(str(linked), 1) == str(linked / "a0001")
+
+
 def test_the_paths_are_the_ones_on_disk() -> None:
     assert layout.state_dir("/w", "ready") == "/w/.flow/state/ready"
     assert layout.state_dir("/w", "ready", "jobs/ab") == "/w/.flow/state/ready/jobs/ab"
-    assert layout.attempt_dir("/w/jobs/ab/k", 12) == "/w/jobs/ab/k/attempts/a0012"
+    assert layout.attempt_dir("/w/jobs/ab/k", 12) == "/w/jobs/ab/k/a0012"
+    assert find_attempt_dir("/w/jobs/ab/k", 12) == "/w/jobs/ab/k/a0012"  # neither exists
     assert layout.attempts_dir("/w/jobs/ab/k") == "/w/jobs/ab/k/attempts"
+    assert layout.attempt_dir("/w/k", 12345) == "/w/k/a12345"
+    names = ("a0001", "a12345", "a0000")
+    assert all(layout.is_attempt_name(n) for n in names)
+    for not_one in ("a", "a1", "a001", "a0001.stdout", "a\u0661\u0662\u0663\u0664", "b0001", "run"):
+        assert not layout.is_attempt_name(not_one), not_one
     assert layout.kept_output("/w/jobs/ab/k", 3, "stderr") == "/w/jobs/ab/k/a0003.stderr"
     assert layout.outcome_line("/a") == "/a/outcome.line"
     assert layout.outcome_again("/a") == "/a/outcome.duplicate"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import stat
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from httk_flow.manager.interp import bash_for, gates_in
 from httk_flow.protocol import layout, programs
 from httk_flow.protocol.frames import Snapshot
 from httk_flow.protocol.fsio import real_dir, write_file
+from httk_flow.protocol.jobs import find_attempt_dir
 from httk_flow.protocol.jobspec import JobSpec
 from httk_flow.protocol.names import attempt_name
 from httk_flow.protocol.workspace import Workspace
@@ -42,24 +42,14 @@ def _base_env() -> tuple[tuple[str, str], ...]:
     return tuple(os.environ.items())
 
 
-def _check_inside(ws: Workspace, job_dir: str, attempts: str) -> bool:
-    """A job directory or attempts/ that is a symlink out of the workspace is refused.
-
-    Returns whether attempts/ exists already (the lstat answers it for free)."""
+def _check_inside(ws: Workspace, job_dir: str) -> None:
+    """A job directory that is a symlink, or lies out of the workspace, is refused."""
     if os.path.islink(job_dir):
         raise OSError(errno.ELOOP, "is a symbolic link; refusing to write through it", job_dir)
-    try:
-        exists = not stat.S_ISLNK(os.lstat(attempts).st_mode)
-    except FileNotFoundError:
-        exists = False
-    else:
-        if not exists:
-            raise OSError(errno.ELOOP, "is a symbolic link; refusing to write through it", attempts)
     # job_dir itself is no symlink (checked above): its parent's real path places it
     real = os.path.join(real_dir(os.path.dirname(job_dir)), os.path.basename(job_dir))
     if not real.startswith(real_dir(ws.root) + os.sep):
         raise OSError(errno.EXDEV, "lies outside the workspace", job_dir)
-    return exists
 
 
 def _bash_launcher(program: str, env: dict[str, str]) -> str | None:
@@ -69,8 +59,9 @@ def _bash_launcher(program: str, env: dict[str, str]) -> str | None:
 
 
 def attempt_dir(ws: Workspace, placement: str, key: str, number: int) -> str:
-    """Where attempt `number` of a job lives: derived, never read from a frame."""
-    return layout.attempt_dir(ws.job_dir(placement, key), number)
+    """Where attempt `number` of a job lives (one a manager of revision 5 or older made:
+    under attempts/): derived, never read from a frame."""
+    return find_attempt_dir(ws.job_dir(placement, key), number)
 
 
 @dataclass(frozen=True)
@@ -100,20 +91,14 @@ def prepare(
     number: int,
     extra_context: dict[str, Any] | None = None,
 ) -> AttemptPlan:
-    """Make the attempt directory (context.json, or leave it to the launcher); the plan."""
+    """Make the attempt directory, aNNNN/ in the job directory (context.json, or leave it
+    to the launcher); the plan."""
     job_dir = ws.job_dir(spec.placement, spec.key)
     name = attempt_name(number)
-    attempts = layout.attempts_dir(job_dir)
     adir = layout.attempt_dir(job_dir, number)
-    if not _check_inside(ws, job_dir, attempts):
-        os.mkdir(attempts)  # the job's first attempt
-    try:
-        os.mkdir(adir)
-    except FileNotFoundError:
-        # tidied away since the check (a commit of this job by a manager that had lost
-        # its lease to us): made again, as for a first attempt
-        os.mkdir(attempts)
-        os.mkdir(adir)
+    _check_inside(ws, job_dir)
+    # never an existing one (a link someone put there): the number is this claim's own
+    os.mkdir(adir)
     if spec.workdir == "persistent":
         workdir = layout.run_dir(job_dir)
         try:

@@ -32,6 +32,7 @@ _LINE = _name(layout.outcome_line)
 #: removed when empty, moved up beside job.json otherwise
 _OUTPUT = (_name(layout.stdout_file), _name(layout.stderr_file))
 _ATTEMPTS = _name(layout.attempts_dir)
+_FIRST = layout.attempt_name(1)
 _RUN = _name(layout.run_dir)
 _WORK = _name(layout.work_dir)
 _READY = _name(layout.outcome_ready)
@@ -59,23 +60,17 @@ class Tidy:
 
     def run(self, *, terminal: bool, outcome: bool, stream: LogWriter | None = None) -> Streamed:
         """Remove what the attempt left that holds nothing; with `terminal` (the job's
-        last attempt) also attempts/ and run/ when they are empty. `outcome`: the frames
-        hold the published outcome whole (accepted, its message not cut), so its file may
-        go too. `stream`: output is appended there (what is returned goes into the final
-        frame) and its files are left for drop() once that frame is written. Never
-        raises: an untidied file costs an inode, never correctness."""
-        streamed: Streamed = ()
+        last attempt) also run/ when it is empty. `outcome`: the frames hold the published
+        outcome whole (accepted, its message not cut), so its file may go too. `stream`:
+        output is appended there (what is returned goes into the final frame) and its
+        files are left for drop() once that frame is written. Never raises: an untidied
+        file costs an inode, never correctness."""
         try:
             jfd = os.open(self.job_dir, _DIR_FLAGS)
         except OSError:
-            return streamed
+            return ()
         try:
-            afd = _open_dir(_ATTEMPTS, jfd)
-            if afd is not None:
-                try:
-                    streamed = self._attempt(afd, jfd, outcome, stream)
-                finally:
-                    os.close(afd)
+            streamed = self._attempt(jfd, outcome, stream)
             self._dirs(jfd, terminal)
         finally:
             os.close(jfd)
@@ -89,29 +84,26 @@ class Tidy:
         except OSError:
             return
         try:
-            afd = _open_dir(_ATTEMPTS, jfd)
-            if afd is not None:
-                try:
-                    xfd = _open_dir(self.attempt, afd)
-                    if xfd is not None:
-                        for name, _ in streamed:
-                            _unlink(name, xfd)
-                        os.close(xfd)
-                    _rmdir(self.attempt, afd)
-                finally:
-                    os.close(afd)
+            xfd = _open_dir(self.attempt, jfd)
+            if xfd is not None:
+                for name, _ in streamed:
+                    _unlink(name, xfd)
+                os.close(xfd)
+            _rmdir(self.attempt, jfd)
             self._dirs(jfd, terminal)
         finally:
             os.close(jfd)
 
     def _dirs(self, jfd: int, terminal: bool) -> None:
         if terminal:
-            _rmdir(_ATTEMPTS, jfd)
+            if self.attempt != _FIRST:
+                # attempts/ of a job that earlier revisions ran (§1): gone once empty
+                _rmdir(_ATTEMPTS, jfd)
             if self.persistent and self.settled:
                 _rmdir(_RUN, jfd)
 
-    def _attempt(self, afd: int, jfd: int, outcome: bool, stream: LogWriter | None) -> Streamed:
-        xfd = _open_dir(self.attempt, afd)
+    def _attempt(self, jfd: int, outcome: bool, stream: LogWriter | None) -> Streamed:
+        xfd = _open_dir(self.attempt, jfd)
         if xfd is None:
             return ()
         streamed = []
@@ -132,7 +124,7 @@ class Tidy:
         finally:
             os.close(xfd)
         # fails while anything is left (output, exec.failed, outcome.ready/, ...): kept
-        _rmdir(self.attempt, afd)
+        _rmdir(self.attempt, jfd)
         return tuple(streamed)
 
     def _stream(self, name: str, xfd: int, stream: LogWriter) -> RecordRef | None:

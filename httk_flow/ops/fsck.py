@@ -23,7 +23,7 @@ from httk_flow.protocol import layout, leases, names, staging
 from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.fsio import fsync_dir
-from httk_flow.protocol.jobs import load_spec
+from httk_flow.protocol.jobs import find_attempt_dir, load_spec
 from httk_flow.protocol.journal import iter_segment
 from httk_flow.protocol.leases import Liveness
 from httk_flow.protocol.logstream import read_record
@@ -200,7 +200,7 @@ class Fsck:
         that attempt's, unless its files are still there (a reader takes them first)."""
         n = frame.body.attempt.n if frame.body.attempt is not None else 0
         job_dir = self.ws.job_dir(h.placement, h.key)
-        adir = layout.attempt_dir(job_dir, n)
+        adir = find_attempt_dir(job_dir, n)
         for stream, ref in frame.body.logs or ():
             if os.path.exists(os.path.join(adir, stream)) or os.path.exists(
                 layout.kept_output(job_dir, n, stream)
@@ -335,7 +335,11 @@ class Fsck:
                 yield e.path, placement, e.name
                 # children live inside their parent
                 yield from self._job_dirs(e.path, f"{placement}/{e.name}" if placement else e.name)
-            elif e.name not in layout.JOB_INTERNALS and d != layout.flow_dir(self.ws.root):
+            elif (
+                e.name not in layout.JOB_INTERNALS
+                and not layout.is_attempt_name(e.name)
+                and d != layout.flow_dir(self.ws.root)
+            ):
                 yield from self._job_dirs(e.path, f"{placement}/{e.name}" if placement else e.name)
 
     # -- temporaries and journal --------------------------------------------------------

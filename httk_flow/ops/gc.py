@@ -120,27 +120,35 @@ def _attempts(ws: Workspace, report: GcReport, now: float) -> None:
 
 def _attempt_files(job_dir: str) -> list[tuple[int, str, bool]]:
     """(number, path, is a directory) of what a job's attempts left: their directories
-    under attempts/ and the output that tidying moved up beside job.json (aNNNN.stdout)."""
+    (aNNNN/ beside job.json, or under attempts/ where revisions up to 5 made them) and the
+    output that tidying moved up beside job.json (aNNNN.stdout)."""
     found = []
     adir = layout.attempts_dir(job_dir)
     try:
-        for name in os.listdir(adir):
-            if layout.is_attempt_name(name):
-                found.append((layout.attempt_number(name), os.path.join(adir, name), True))
+        # never through a link: what it points to is not the job's to collect
+        legacy = [] if os.path.islink(adir) else list(os.scandir(adir))
     except OSError:
-        pass
+        legacy = []
+    for e in legacy:
+        if layout.is_attempt_name(e.name) and e.is_dir(follow_symlinks=False):
+            found.append((layout.attempt_number(e.name), e.path, True))
     try:
-        names = os.listdir(job_dir)
+        entries = list(os.scandir(job_dir))
     except OSError:
         return found
-    for name in names:
+    for e in entries:
+        name = e.name
+        if layout.is_attempt_name(name):
+            if e.is_dir(follow_symlinks=False):
+                found.append((layout.attempt_number(name), e.path, True))
+            continue
         stem, _, stream = name.partition(".")
         if layout.is_attempt_name(stem):
             n = layout.attempt_number(stem)
             # exactly the name tidying gives (a0001.stdout, never a1.stdout)
             kept = os.path.basename(layout.kept_output(job_dir, n, stream))
             if stream in ("stdout", "stderr") and name == kept:
-                found.append((n, os.path.join(job_dir, name), False))
+                found.append((n, e.path, False))
     return found
 
 

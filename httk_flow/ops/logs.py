@@ -11,6 +11,7 @@ from httk_flow.errors import UsageError
 from httk_flow.ops.gc import DAY
 from httk_flow.ops.lookup import view
 from httk_flow.protocol import layout
+from httk_flow.protocol.jobs import find_attempt_dir
 from httk_flow.protocol.logstream import Streamed, read_record
 from httk_flow.protocol.transition import JobHandle, locate_key
 from httk_flow.protocol.workspace import Workspace
@@ -45,7 +46,7 @@ def _attempt(ws: Workspace, job: JobHandle, attempt: int | None) -> tuple[str, i
     horizon = time.time() - ws.policy.keep_attempts_days * DAY
     collectable = chosen is not attempts[-1] and (chosen.ended or 0.0) <= horizon
     # derived from the number, never taken from the frame: a frame cannot point us elsewhere
-    adir = layout.attempt_dir(ws.job_dir(job.placement, job.key), n)
+    adir = find_attempt_dir(ws.job_dir(job.placement, job.key), n)
     return adir, n, collectable, chosen.logs or ()
 
 

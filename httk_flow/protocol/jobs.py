@@ -1,7 +1,9 @@
-"""Reading a job back: its definition and frames; registration; failing a job."""
+"""Reading a job back: its definition, frames and attempt directories; registration;
+failing a job."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 from httk_flow.errors import FlowError, InvalidJob
@@ -14,6 +16,21 @@ from httk_flow.protocol.jobspec import MAX_JOB_JSON, JobSpec
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, transition
 from httk_flow.protocol.workspace import Workspace
+
+
+def find_attempt_dir(job_dir: str, n: int) -> str:
+    """Attempt n's directory as a reader finds it: in the job directory (revision 6), else
+    under attempts/ where a manager of revisions up to 5 made it (when it is there, and
+    attempts/ is no symbolic link); the place of revision 6 when neither is, so that what
+    says it is missing names it."""
+    new = layout.attempt_dir(job_dir, n)
+    if os.path.lexists(new):
+        return new
+    attempts = layout.attempts_dir(job_dir)
+    old = os.path.join(attempts, layout.attempt_name(n))
+    if os.path.lexists(old) and not os.path.islink(attempts):
+        return old
+    return new
 
 
 def load_spec(ws: Workspace, placement: str, key: str) -> JobSpec:

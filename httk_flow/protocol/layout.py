@@ -339,7 +339,7 @@ _JOB_FILE = "job.json"
 _FILES = "files"
 _RUN = "run"
 _ATTEMPTS = "attempts"
-#: entries of a job directory that are never child job directories
+#: entries of a job directory that are never child job directories (nor is an aNNNN/)
 JOB_INTERNALS = frozenset({_ATTEMPTS, _RUN, _FILES})
 
 
@@ -364,18 +364,19 @@ def run_dir(job_dir: str) -> str:
 
 
 def attempts_dir(job_dir: str) -> str:
-    """One directory per attempt."""
+    """Where protocol revisions up to 5 made the attempt directories: read, never made."""
     return os.path.join(job_dir, _ATTEMPTS)
 
 
 def attempt_name(n: int) -> str:
-    """The directory name of a job's attempt number n (1-based), under attempts/."""
+    """The directory name of a job's attempt number n (1-based)."""
     return f"a{n:04d}"
 
 
 def is_attempt_name(name: str) -> bool:
-    """Whether an entry of attempts/ names an attempt."""
-    return name[:1] == "a" and name[1:].isdigit()
+    """Whether a name (in a job directory, or in attempts/) is an attempt's: aNNNN."""
+    digits = name[1:]
+    return name[:1] == "a" and len(digits) >= 4 and digits.isascii() and digits.isdigit()
 
 
 def attempt_number(name: str) -> int:
@@ -384,8 +385,9 @@ def attempt_number(name: str) -> int:
 
 
 def attempt_dir(job_dir: str, n: int) -> str:
-    """Attempt n's directory: derived from the number, never read from a frame."""
-    return os.path.join(job_dir, _ATTEMPTS, attempt_name(n))
+    """Attempt n's directory (revision 6; jobs.find_attempt_dir also finds those of 5):
+    derived from the number, never read from a frame."""
+    return os.path.join(job_dir, attempt_name(n))
 
 
 def kept_output(job_dir: str, n: int, name: str) -> str:

@@ -68,7 +68,7 @@ import orjson
 from httk_flow.errors import FlowError
 from httk_flow.ops.logs import read_log
 from httk_flow.ops.lookup import view
-from httk_flow.protocol import jobs, names
+from httk_flow.protocol import jobs, layout, names
 from httk_flow.protocol.children import child_id, child_placement
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.durations import parse_duration
@@ -1757,7 +1757,7 @@ def job_dirs(root: str) -> Iterator[tuple[str, str]]:
             if names.KEY_RE.fullmatch(e.name) and os.path.exists(os.path.join(e.path, "job.json")):
                 yield placement, e.name
                 stack.append((e.path, sub))  # children live inside their parent
-            elif placement and e.name in ("attempts", "run", "files"):
+            elif placement and (e.name in layout.JOB_INTERNALS or layout.is_attempt_name(e.name)):
                 continue
             else:
                 stack.append((e.path, sub))

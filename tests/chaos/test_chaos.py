@@ -395,7 +395,7 @@ def test_the_audit_catches_a_child_run_twice_and_a_file_exists_failure() -> None
     assert any("ran 2 times in activation 1, but the journal re-ran" in v for v in found), found
     # the second marker's claim met the first's attempt directory
     eexist = [*frames[:3]]
-    msg = "cannot start the attempt (File exists: .../attempts/a0001)"
+    msg = "cannot start the attempt (File exists: .../a0001)"
     failure = {"code": "launch_error", "message": msg, "retryable": False}
     eexist.append(_frame(3, "claimed", "failed", "m2", 1000.3, failure=failure))
     found, _ = _check(eexist, kind="bigkid", parent="p" * 32, state=State.FAILED, lines=[])

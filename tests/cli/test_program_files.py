@@ -215,7 +215,7 @@ def test_a_stored_program_is_told_where_it_was_submitted_from(
     seen = orjson.loads((job_dir / "run" / "seen.json").read_bytes())
     assert (seen["program_source"], seen["bundle_dir"]) == (f"{src}/run.sh", None)
     # the attempt's own context.json was tidied away at its commit
-    assert not (job_dir / "attempts" / "a0001" / "context.json").exists()
+    assert not (job_dir / "a0001" / "context.json").exists()
 
 
 # -- in place ----------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_an_in_place_program_edited_between_attempts_is_refused_and_never_runs(
     }
     # one attempt ran; the second was claimed and failed before it started
     assert output(root, jid) == "first version, attempt 1\n"
-    assert not (info.job_dir(root) / "attempts" / "a0002").exists()
+    assert not (info.job_dir(root) / "a0002").exists()
     assert not (info.job_dir(root) / "run" / "edited-ran").exists()
     assert [f["to"] for f in info.frames][-2:] == ["claimed", "failed"]
     assert info.last["last"] == "program_changed"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from manager.support import job, make_workspace, submit, write_script
 
+from httk_flow.protocol.jobs import find_attempt_dir
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -89,11 +90,10 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
         copy = outside / "job_json_link" / "job.json"
         shutil.move(path, copy)
         path.symlink_to(copy)
-        # the first attempt's directory, and the attempts/ directory, link outside
+        # the first attempt's directory, and the attempts/ directory of earlier protocol
+        # revisions, link outside
         h = handle_of(ws, ids["attempt_dir_link"])
-        attempts = Path(ws.job_dir(h.placement, h.key)) / "attempts"
-        attempts.mkdir()
-        (attempts / "a0001").symlink_to(outside / "attempt_dir_link")
+        (Path(ws.job_dir(h.placement, h.key)) / "a0001").symlink_to(outside / "attempt_dir_link")
         h = handle_of(ws, ids["attempts_link"])
         (Path(ws.job_dir(h.placement, h.key)) / "attempts").symlink_to(outside / "attempts_link")
         # a placement directory of the state tree: one where markers are found, one where
@@ -154,9 +154,12 @@ def test_a_symlinked_attempt_directory_fails_the_launch(scene: Scene) -> None:
 
 
 def test_a_symlinked_attempts_directory_is_not_followed(scene: Scene) -> None:
+    # attempts are made beside job.json (protocol revision 6): attempts/ is only read, and
+    # never through a link
     scene.untouched("attempts_link")
     info = job(scene.root, scene.ids["attempts_link"])
-    assert info.state is State.FAILED
+    assert info.state is State.SUCCEEDED
+    assert find_attempt_dir(str(info.job_dir(scene.root)), 1).endswith("/a0001")
 
 
 def test_a_symlinked_state_placement_is_reported_once_and_not_walked(scene: Scene) -> None:

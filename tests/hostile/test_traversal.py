@@ -158,11 +158,14 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.parametrize("where", ["frame", "attempts_link"])
 def test_an_attempt_directory_named_by_a_frame_is_not_followed_outside(
-    root: str, scripts: Path, managers: Managers, outside: Path
+    root: str, scripts: Path, managers: Managers, outside: Path, where: str
 ) -> None:
     """A frame whose attempt names a directory outside the job: the attempt's directory is
-    derived from its number (attempts/a0001), so the decoy outcome outside is never read.
+    derived from its number (aNNNN beside job.json), so the decoy outcome outside is never
+    read. Nor is it through attempts/ (where protocol revisions up to 5 made attempt
+    directories, still read) when that is a link outside holding a0001/.
 
     The dead owner left a heartbeat on this host (its process gone), so the takeover has
     evidence at once; an owner with no heartbeat at all is only taken for dead after a
@@ -179,6 +182,10 @@ def test_an_attempt_directory_named_by_a_frame_is_not_followed_outside(
     try:
         write_heartbeat(ws, ManagerInfo("mgonelongago", ws.host, dead, time.time() - 3600))
         h = handle_of(ws, jid)
+        if where == "attempts_link":
+            os.rename(outside / "attempt", outside / "a0001")
+            os.symlink(outside, os.path.join(ws.job_dir(h.placement, h.key), "attempts"))
+            before = snapshot(outside)
         h = plant_frame(ws, h, State.READY)
         h = plant_frame(ws, h, State.CLAIMED, **{"try": 1, "tries": 1})
         attempt = {
@@ -222,8 +229,7 @@ def test_flow_logs_reads_no_file_outside_the_job(
         if member == "dir":
             attempt["dir"] = str(secret)
         else:
-            (job_dir / "attempts").mkdir()  # as after any attempt: ".." needs it to exist
-            attempt["id"] = os.path.relpath(secret, job_dir / "attempts")
+            attempt["id"] = os.path.relpath(secret, job_dir)
         h = plant_frame(ws, h, State.READY)
         h = plant_frame(ws, h, State.CLAIMED, attempt=attempt)
     finally:

@@ -28,7 +28,7 @@ import orjson
 from helpers import IN_PROCESS_MANAGERS, REAP_LOCK, processes, processes_with_env, wait_for
 
 from httk_flow.ops import lookup
-from httk_flow.protocol import jobs
+from httk_flow.protocol import jobs, layout
 from httk_flow.protocol.frames import Frame as Frames
 from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.states import State
@@ -576,9 +576,10 @@ def fsck_report(root: str) -> dict[str, Any]:
 def attempt_dirs(job_dir: Path) -> list[str]:
     """The attempt directory names of one job, sorted (a0001, a0002, ...)."""
     try:
-        return sorted(e.name for e in os.scandir(job_dir / "attempts"))
+        entries = list(os.scandir(job_dir))
     except FileNotFoundError:
         return []
+    return sorted(e.name for e in entries if layout.is_attempt_name(e.name) and e.is_dir())
 
 
 def write_program(directory: Path, name: str, text: str) -> str:

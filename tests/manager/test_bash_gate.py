@@ -433,7 +433,7 @@ def test_a_retried_bash_program_is_told_how_its_previous_try_ended(
         # the attempt found its context.json; its commit tidied it away
         context = orjson.loads((run / f"context.{a}").read_bytes())
         assert context["attempt_id"] == a
-        assert not (info.job_dir(root) / "attempts" / a / "context.json").exists()
+        assert not (info.job_dir(root) / a / "context.json").exists()
     assert orjson.loads((run / "context.a0002").read_bytes())["previous_end"] == first_end
 
 

@@ -88,9 +88,7 @@ def test_every_transition_of_a_real_run_has_exactly_one_log_line(
     # the launch error: the first attempt's directory is a symbolic link, which is refused
     outside = tmp_path / "outside"
     outside.mkdir()
-    attempts = job(root, ids["nolaunch"]).job_dir(root) / "attempts"
-    attempts.mkdir(parents=True, exist_ok=True)
-    (attempts / "a0001").symlink_to(outside)
+    (job(root, ids["nolaunch"]).job_dir(root) / "a0001").symlink_to(outside)
 
     p = managers.start(root, command="run", workers=8, quiet=False)
     workdir = job(root, ids["cancel"]).job_dir(root) / "run"

@@ -37,17 +37,15 @@ def attempt_paths(flow: Flow, job: dict[str, str], name: str) -> set[str]:
     tidying moved up beside job.json (aNNNN.stdout, aNNNN.stderr)."""
     jdir = flow.job_dir(job)
     found = {str(p) for p in jdir.glob(f"{name}.std*")}
-    if (jdir / "attempts" / name).is_dir():
-        found.add(str(jdir / "attempts" / name))
+    if (jdir / name).is_dir():
+        found.add(str(jdir / name))
     return found
 
 
 def attempts(flow: Flow, job: dict[str, str]) -> list[str]:
     """The attempts that left files (one that printed nothing is tidied away)."""
     jdir = flow.job_dir(job)
-    names = (
-        {p.name for p in (jdir / "attempts").glob("a*")} if (jdir / "attempts").is_dir() else set()
-    )
+    names = {p.name for p in jdir.glob("a*") if p.is_dir()}
     names |= {p.name.partition(".")[0] for p in jdir.glob("a*.std*")}
     return sorted(names)
 
@@ -171,3 +169,28 @@ def test_gc_keeps_the_history_of_a_job_resumed_while_it_walks(
     frames = orjson.loads(r.stdout)["transitions"]
     steps = ["submitted", "ready", "claimed", "running", "committing", "failed", "ready"]
     assert [f["to"] for f in frames] == steps
+
+
+def test_gc_collects_attempts_of_earlier_revisions_never_through_a_link(
+    expiring: Flow, managers: Managers, tmp_path: Path
+) -> None:
+    """attempts/aNNNN/ (where managers before protocol revision 6 made attempt directories)
+    is collected as aNNNN/ is, the last attempt kept; an attempts/ that is a symbolic link
+    is not the job's, and nothing it points to is collected."""
+    flow = expiring
+    old = flow.submit("--tag", "old", "true")
+    linked = flow.submit("--tag", "linked", "true")
+    assert managers.run(flow.root) == 0
+    outside = tmp_path / "outside"
+    for base in (flow.job_dir(old) / "attempts", outside):
+        for n in ("a0001", "a0002"):
+            (base / n).mkdir(parents=True)
+            (base / n / "stdout").write_text(f"{n}\n")
+    (flow.job_dir(linked) / "attempts").symlink_to(outside)
+    done = flow.json("gc")
+    assert [i["path"] for i in done["collected"] if i["kind"] == "attempt"] == [
+        str(flow.job_dir(old) / "attempts" / "a0001")
+    ]
+    assert (flow.job_dir(old) / "attempts" / "a0002" / "stdout").read_text() == "a0002\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["a0001", "a0002"]
+    assert (outside / "a0001" / "stdout").read_text() == "a0001\n"

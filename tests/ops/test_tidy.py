@@ -113,11 +113,10 @@ def test_output_that_a_leftover_process_may_still_write_to_is_kept(
     # files, even empty, its context, the workdir)
     assert inodes(flow.job_dir(job)) == [
         ".",
-        "attempts",
-        "attempts/a0001",
-        "attempts/a0001/context.json",
-        "attempts/a0001/stderr",
-        "attempts/a0001/stdout",
+        "a0001",
+        "a0001/context.json",
+        "a0001/stderr",
+        "a0001/stdout",
         "job.json",
         "run",
     ]
@@ -139,7 +138,7 @@ def test_a_symlinked_attempt_directory_is_not_tidied_through(
     assert managers.run(flow.root) in (0, 1)  # how it ends is not the point
     assert flow.state(job["key"]) in ("succeeded", "failed")
     assert sorted(os.listdir(decoy)) == ["context.json", "outcome.line", "stderr", "stdout"]
-    assert (flow.job_dir(job) / "attempts" / "a0001").is_symlink()
+    assert (flow.job_dir(job) / "a0001").is_symlink()
 
 
 def test_keep_attempt_files_keeps_every_file(
@@ -159,12 +158,11 @@ def test_keep_attempt_files_keeps_every_file(
     assert managers.run(root) == 0
     assert inodes(flow.job_dir(job)) == [
         ".",
-        "attempts",
-        "attempts/a0001",
-        "attempts/a0001/context.json",
-        "attempts/a0001/outcome.line",
-        "attempts/a0001/stderr",
-        "attempts/a0001/stdout",
+        "a0001",
+        "a0001/context.json",
+        "a0001/outcome.line",
+        "a0001/stderr",
+        "a0001/stdout",
         "job.json",
         "run",
     ]
@@ -199,12 +197,12 @@ def test_an_outcome_the_frames_do_not_hold_whole_is_kept(
     long = flow.submit(write_program(scripts, "long.sh", LONG))
     assert managers.run(flow.root) == 1  # the bad one failed
     assert flow.show(bad["key"])["failure"]["code"] == "protocol_error"
-    line = flow.job_dir(bad) / "attempts" / "a0001" / "outcome.line"
+    line = flow.job_dir(bad) / "a0001" / "outcome.line"
     assert line.read_bytes() == b'{"action":"succeed","message":"x","bogus":\n'
     assert flow.state(long["key"]) == "succeeded"
-    kept = flow.job_dir(long) / "attempts" / "a0001" / "outcome.line"
+    kept = flow.job_dir(long) / "a0001" / "outcome.line"
     assert orjson.loads(kept.read_bytes())["message"] == "0" * 4999 + "7"
-    assert not (flow.job_dir(long) / "attempts" / "a0001" / "context.json").exists()
+    assert not (flow.job_dir(long) / "a0001" / "context.json").exists()
 
 
 def test_a_workdir_a_leftover_process_still_works_in_is_kept(
@@ -214,4 +212,4 @@ def test_a_workdir_a_leftover_process_still_works_in_is_kept(
     assert managers.run(flow.root, "--kill-grace", "5s") == 0
     assert (flow.job_dir(job) / "run" / "ckpt").read_text() == "ckpt\n"
     # and its output stays where the leftover process may still write to it
-    assert (flow.job_dir(job) / "attempts" / "a0001" / "stderr").is_file()
+    assert (flow.job_dir(job) / "a0001" / "stderr").is_file()

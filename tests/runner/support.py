@@ -26,7 +26,7 @@ from manager.support import OrphanReaper as OrphanReaper
 from manager.support import processes_of
 
 from httk_flow.ops import lookup
-from httk_flow.protocol import jobs
+from httk_flow.protocol import jobs, layout
 from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
@@ -109,8 +109,9 @@ class Job:
 
     def attempt_dirs(self) -> list[Path]:
         """The attempt directories left (a committed attempt may have been tidied away)."""
-        attempts = self.dir / "attempts"
-        return sorted(attempts.iterdir()) if attempts.is_dir() else []
+        return sorted(
+            p for p in self.dir.iterdir() if layout.is_attempt_name(p.name) and p.is_dir()
+        )
 
     def attempt_ids(self) -> list[str]:
         """Every attempt the journal says was started, oldest first."""

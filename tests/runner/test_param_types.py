@@ -71,7 +71,7 @@ def test_a_string_param_from_the_command_line_stays_a_string(bench: Bench) -> No
 
 
 def _runner_on(job_dir: Path, job: object | None, **env: str) -> Runner:
-    attempt = job_dir / "attempts" / "a0001"
+    attempt = job_dir / "a0001"
     attempt.mkdir(parents=True)
     if job is not None:
         (job_dir / "job.json").write_bytes(orjson.dumps(job))
