@@ -17,6 +17,7 @@ from httk_flow.protocol.names import (
     JobKey,
     Marker,
     RecordRef,
+    check_parent_placement,
     check_placement,
     from36,
     to36,
@@ -224,6 +225,26 @@ def test_placements_that_could_escape_or_hide_are_refused(placement: str) -> Non
 def test_named_hostile_placements_are_refused(placement: str) -> None:
     with pytest.raises(InvalidName):
         check_placement(placement)
+
+
+KEY = "ab" * 16
+
+
+@pytest.mark.parametrize(
+    "inner", ["run", "files", "attempts", "a0001", "a12345", f"run/{KEY}", "files/x"]
+)
+@pytest.mark.parametrize("key", [KEY, f"si-relax--{KEY}"])
+def test_a_submitted_placement_never_lies_in_a_jobs_own_entries(key: str, inner: str) -> None:
+    with pytest.raises(InvalidName, match=f"lies inside the {inner.split('/')[0]}/ of job {key}"):
+        check_parent_placement(f"jobs/ab/{key}/{inner}")
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [f"jobs/ab/{KEY}", f"jobs/ab/{KEY}/{KEY}", "runs/a0001", "a0001/run", f"x/{KEY}x/run", "run"],
+)
+def test_a_submitted_placement_beside_or_as_a_job_is_taken(placement: str) -> None:
+    assert check_parent_placement(placement) == placement
 
 
 def test_default_placement_shards_by_the_first_three_hex_digits() -> None:

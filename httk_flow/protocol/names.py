@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import re
 import uuid
 from dataclasses import dataclass, field
 
 from httk_flow.errors import InvalidName
+from httk_flow.protocol.layout import JOB_INTERNALS, is_attempt_name
 from httk_flow.protocol.layout import attempt_name as attempt_name  # re-exported from layout
 
 _ID = r"[0-9a-f]{32}"
@@ -166,6 +168,16 @@ def check_parent_placement(placement: str) -> str:
             f"so a submitted placement has at most {MAX_PLACEMENT_DEPTH - 1}",
             obj=obj,
         )
+    parts = p.split("/")
+    for key, inner in itertools.pairwise(parts):
+        # a job's own files, workdir or attempt directories: never another job's home
+        if KEY_RE.fullmatch(key) and (inner in JOB_INTERNALS or is_attempt_name(inner)):
+            raise InvalidName(
+                f"lies inside the {inner}/ of job {key}, which only that job may use; "
+                "place jobs in a directory of their own (a job's children are placed "
+                "inside it by flow)",
+                obj=obj,
+            )
     room = MAX_PLACEMENT_LEN - 1 - MAX_KEY_LEN
     if len(p) > room:
         raise InvalidName(

@@ -308,3 +308,22 @@ def test_the_throttle_advice_holds_a_pool_served_by_one_manager_runs_at_most_its
         running += step
         most = max(most, running)
     assert most == 2
+
+
+def test_a_placement_inside_a_jobs_own_entries_is_refused_whole(
+    runner: CliRunner, ws: str, script: str
+) -> None:
+    # beside an existing job, a placement in its workdir or attempt directory names it
+    first = submit(runner, ws, "--tag", "relax", script)
+    assert first.exit_code == 0, first.output
+    [job] = Path(ws).glob("jobs/*/relax--*")
+    for inner in ("run", "a0001"):
+        where = f"{job.relative_to(ws)}/{inner}"
+        r = submit(runner, ws, "--placement", where, script)
+        assert (r.exit_code, r.stdout) == (2, "")
+        assert r.stderr == (
+            f"flow: error: placement '{where}': lies inside the {inner}/ of job {job.name}, "
+            "which only that job may use; place jobs in a directory of their own (a job's "
+            "children are placed inside it by flow)\n"
+        )
+    assert len(list(Path(ws).glob("jobs/*/*/job.json"))) == 1
