@@ -14,6 +14,7 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from typing import Literal
 
 import pytest
 from hypothesis import assume, given
@@ -60,6 +61,9 @@ def _mangle(name: str, at: int, text: str) -> str:
     return name[:at] + text + name[at + 1 :]
 
 
+#: names no filesystem holds (lone surrogates cannot be encoded)
+_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
+
 invalid = st.one_of(
     st.tuples(valid, valid).map("\n".join),  # two names of the grammar on two lines
     valid.map(lambda n: n + "\n"),
@@ -69,7 +73,7 @@ invalid = st.one_of(
     valid.map(lambda n: n + "~"),
     valid.map(str.upper),
     st.builds(_mangle, valid, st.integers(0, 200), st.text(max_size=3)),
-    st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40),
+    st.text(st.characters(exclude_categories=_SURROGATES), min_size=1, max_size=40),
 )
 
 
