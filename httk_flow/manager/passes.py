@@ -20,7 +20,7 @@ from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
 from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.frames import Evidence, Killed
-from httk_flow.protocol.jobs import load_spec, register
+from httk_flow.protocol.jobs import load_spec, register_many
 from httk_flow.protocol.jobspec import JobSpec
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, transition
@@ -94,13 +94,13 @@ class RegisterPass:
 
     def run(self, budget: int) -> int:
         n = 0
-        for h in self.stream.next_batch(budget, self.ctx.heartbeat):
-            try:
-                new = register(self.ctx.ws, h, actor=self.ctx.actor, specs=self.ctx.specs)
-            except TransitionConflict:
+        batch = self.stream.next_batch(budget, self.ctx.heartbeat)
+        done = register_many(self.ctx.ws, batch, actor=self.ctx.actor, specs=self.ctx.specs)
+        for h, new in zip(batch, done, strict=True):
+            if isinstance(new, TransitionConflict):
                 continue
-            except FlowError as e:
-                self.ctx.report_once(h.key, e.render())
+            if isinstance(new, FlowError):
+                self.ctx.report_once(h.key, new.render())
                 continue
             if new.state is State.READY:
                 self.on_ready(new)

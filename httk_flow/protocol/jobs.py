@@ -4,7 +4,7 @@ failing a job."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from httk_flow.errors import FlowError, InvalidJob
 from httk_flow.protocol import layout, programs
@@ -14,7 +14,7 @@ from httk_flow.protocol.frames import Body, Failure, Frame
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.jobspec import MAX_JOB_JSON, JobSpec
 from httk_flow.protocol.states import State
-from httk_flow.protocol.transition import JobHandle, transition
+from httk_flow.protocol.transition import JobHandle, Move, transition, transition_many
 from httk_flow.protocol.workspace import Workspace
 
 
@@ -85,10 +85,61 @@ def register(
         specs[job.key] = spec
     if spec.after:
         return _register_after(ws, job, frame, spec, actor)
+    move = _plain(job, frame, spec)
+    return transition(ws, job, move.target, move.body, actor=actor)
+
+
+#: registrations whose frames one append carries (register_many)
+REGISTER_BATCH = 256
+
+
+def register_many(
+    ws: Workspace,
+    jobs: Sequence[JobHandle],
+    *,
+    actor: str,
+    specs: dict[str, JobSpec] | None = None,
+) -> list[JobHandle | FlowError]:
+    """register() for each of `jobs`, in order: the new handle, or the error (a lost race
+    is a TransitionConflict). Plain registrations (a valid definition, no dependencies)
+    are moved REGISTER_BATCH at a time by transition_many: one append, in durable mode
+    one fsync, for the batch; the others one by one, as register() does."""
+    out: list[JobHandle | FlowError | None] = [None] * len(jobs)
+    plain: list[tuple[int, Move]] = []
+    present: set[str] = set()  # stores seen to hold a program in this call
+    for i, job in enumerate(jobs):
+        try:
+            try:
+                frame = current_frame(ws, job)
+                spec = registrable(ws, job, present)
+            except FlowError:
+                out[i] = register(ws, job, actor=actor, specs=specs)  # fails it, saying why
+                continue
+            if specs is not None:
+                specs[job.key] = spec
+            if spec.after:
+                out[i] = _register_after(ws, job, frame, spec, actor)
+            else:
+                plain.append((i, _plain(job, frame, spec)))
+        except FlowError as e:
+            out[i] = e
+    for at in range(0, len(plain), REGISTER_BATCH):
+        chunk = plain[at : at + REGISTER_BATCH]
+        try:
+            moved = transition_many(ws, [m for _, m in chunk], actor=actor)
+        except FlowError as e:  # the append failed (a full disk, say): none of them moved
+            moved = [e] * len(chunk)
+        for (i, _), r in zip(chunk, moved, strict=True):
+            out[i] = r
+    return [r for r in out if r is not None]
+
+
+def _plain(job: JobHandle, frame: Frame, spec: JobSpec) -> Move:
+    """Where a job with no dependencies goes: `flow submit --hold` keeps it paused (nothing
+    runs until `flow release`), else it is ready."""
     if spec.hold:
-        # `flow submit --hold`: registered, but nothing runs until `flow release`
-        return transition(ws, job, State.PAUSED, frame.body.carry(why="held"), actor=actor)
-    return transition(ws, job, State.READY, frame.body.carry(), actor=actor)
+        return Move(job, State.PAUSED, frame.body.carry(why="held"))
+    return Move(job, State.READY, frame.body.carry())
 
 
 def _register_after(
@@ -113,10 +164,11 @@ def _register_after(
     return transition(ws, job, State.WAITING, body, actor=actor, after=True)
 
 
-def registrable(ws: Workspace, job: JobHandle) -> JobSpec:
-    """The definition registration accepts; FlowError says why it would fail the job."""
+def registrable(ws: Workspace, job: JobHandle, present: set[str] | None = None) -> JobSpec:
+    """The definition registration accepts; FlowError says why it would fail the job.
+    `present`: store entries already seen to exist (programs.missing)."""
     spec = load_spec(ws, job.placement, job.key)
-    gone = programs.missing(ws, spec.program)
+    gone = programs.missing(ws, spec.program, present)
     if gone is not None:
         raise InvalidJob(gone, obj=job.key)
     return spec

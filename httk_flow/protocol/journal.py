@@ -44,8 +44,17 @@ class JournalWriter:
     must neither shift our later refs nor ever be named by one (protocol.md §5).
     """
 
-    def __init__(self, journal_dir: str, *, durable: bool, segment_bytes: int) -> None:
+    def __init__(
+        self,
+        journal_dir: str,
+        *,
+        durable: bool,
+        segment_bytes: int,
+        recent: JournalReader | None = None,
+    ) -> None:
         self._root = journal_dir
+        #: told the frames appended with keep=True, to read them back without the file
+        self._recent = recent
         self._durable = durable
         self._segment_bytes = segment_bytes
         self._fd = -1
@@ -104,11 +113,14 @@ class JournalWriter:
         if self._durable:
             fsync_dir(self._dir)
 
-    def append(self, frame: RawFrame) -> RecordRef:
-        return self.append_many((frame,))[0]
+    def append(self, frame: RawFrame, *, keep: bool = False) -> RecordRef:
+        return self.append_many((frame,), keep=keep)[0]
 
-    def append_many(self, frames: Sequence[RawFrame]) -> list[RecordRef]:
-        """Append frames in one write; returns their refs. Durable mode syncs before return."""
+    def append_many(self, frames: Sequence[RawFrame], *, keep: bool = False) -> list[RecordRef]:
+        """Append frames in one write; returns their refs. Durable mode syncs before return.
+
+        `keep`: the frames will be read back soon (a ready job's, until its claim): the
+        reader given as `recent` keeps their bytes."""
         # encoded first: a frame that cannot be serialised writes nothing
         lines = [orjson.dumps(f) + b"\n" for f in frames]
         if not lines:
@@ -129,8 +141,11 @@ class JournalWriter:
                 raise _append_error(e, self._path) from e
         refs = []
         for line in lines:
-            refs.append(RecordRef(self.writer_id, self._segment, off))
+            ref = RecordRef(self.writer_id, self._segment, off)
+            refs.append(ref)
             off += len(line)
+            if keep and self._recent is not None:
+                self._recent.remember(ref, line)
         return refs
 
     def _place(self, data: bytes) -> int:
@@ -228,12 +243,25 @@ def _append_error(e: OSError, path: str) -> FlowError:
 
 
 class JournalReader:
-    """Reads frames by reference through a small cache of open segment handles."""
+    """Reads frames by reference through a small cache of open segment handles, and the
+    last RECENT frames this process's own writer kept from memory: a manager reads back
+    the frame that made a job ready when it claims the job, usually moments later."""
+
+    RECENT = 4096
 
     def __init__(self, journal_dir: str, *, cache: int = 64) -> None:
         self._root = journal_dir
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._cache = cache
+        self._recent: dict[RecordRef, bytes] = {}
+
+    def remember(self, ref: RecordRef, line: bytes) -> None:
+        """The bytes our writer placed at `ref` (verified there, §5): a frame's bytes never
+        change once a marker names it, so reading them back from memory is exact."""
+        recent = self._recent
+        recent[ref] = line
+        if len(recent) > self.RECENT:
+            del recent[next(iter(recent))]  # the oldest: dicts keep insertion order
 
     def _fd(self, writer: str, segment: int) -> int:
         k = (writer, segment)
@@ -258,6 +286,21 @@ class JournalReader:
 
     def read(self, ref: RecordRef) -> RawFrame:
         """The frame `ref` names as JSON, its members' shapes checked (check_frame)."""
+        line = self._recent.get(ref)
+        buf = self._pread(ref) if line is None else line[:-1]
+        try:
+            frame = orjson.loads(buf)
+        except orjson.JSONDecodeError as e:
+            raise CorruptRecord("journal frame is not valid JSON", obj=f"record {ref}") from e
+        if not isinstance(frame, dict):
+            raise CorruptRecord("journal frame is not an object", obj=f"record {ref}")
+        bad = check_frame(frame)
+        if bad:
+            raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}")
+        return frame
+
+    def _pread(self, ref: RecordRef) -> bytes:
+        """The line at `ref`, read from its segment up to (not including) its newline."""
         fd = self._fd(ref.writer, ref.segment)
         buf = b""
         pos = ref.offset
@@ -278,16 +321,7 @@ class JournalReader:
             pos += len(chunk)
             if len(buf) > MAX_FRAME:
                 raise CorruptRecord("journal frame is too large", obj=f"record {ref}")
-        try:
-            frame = orjson.loads(buf)
-        except orjson.JSONDecodeError as e:
-            raise CorruptRecord("journal frame is not valid JSON", obj=f"record {ref}") from e
-        if not isinstance(frame, dict):
-            raise CorruptRecord("journal frame is not an object", obj=f"record {ref}")
-        bad = check_frame(frame)
-        if bad:
-            raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}")
-        return frame
+        return buf
 
     def frame(self, ref: RecordRef) -> Frame:
         """The frame `ref` names, parsed; CorruptRecord if it is not a whole frame."""

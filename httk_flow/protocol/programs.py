@@ -112,13 +112,26 @@ class ProgramStore:
         return Program(digest=digest, name=os.path.basename(path), source=source)
 
 
-def missing(ws: Workspace, program: Program) -> str | None:
-    """Why a job's program cannot be in the workspace's stores (None: it is there)."""
-    if program.stored and not fs.exists(ws.program_path(program.stored)):
+def missing(ws: Workspace, program: Program, present: set[str] | None = None) -> str | None:
+    """Why a job's program cannot be in the workspace's stores (None: it is there).
+
+    `present`: paths already seen to exist, added to (a pass registering many jobs of one
+    program looks once: store entries are never removed while a job names them)."""
+    if program.stored and not _exists(ws.program_path(program.stored), present):
         return "names a program that is not in the program store"
-    if program.bundle and not fs.exists(layout.bundle_dir(ws.root, program.bundle)):
+    if program.bundle and not _exists(layout.bundle_dir(ws.root, program.bundle), present):
         return f"names a bundle that is not in the bundle store ({program.bundle})"
     return None
+
+
+def _exists(path: str, present: set[str] | None) -> bool:
+    if present is not None and path in present:
+        return True
+    if not fs.exists(path):
+        return False
+    if present is not None:
+        present.add(path)
+    return True
 
 
 def executable(ws: Workspace, program: Program) -> str:

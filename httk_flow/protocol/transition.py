@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from httk_flow.errors import FlowError, InvalidName, TransitionConflict
@@ -18,11 +19,19 @@ from httk_flow.protocol.discovery import markers_of_placement
 from httk_flow.protocol.frames import Body, Frame
 from httk_flow.protocol.fsio import fs, fsync_dir, rename_recreating
 from httk_flow.protocol.handles import JobHandle
-from httk_flow.protocol.names import check_placement
+from httk_flow.protocol.names import RecordRef, check_placement
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
-__all__ = ["JobHandle", "TransitionObserver", "locate_key", "rename_marker", "transition"]
+__all__ = [
+    "JobHandle",
+    "Move",
+    "TransitionObserver",
+    "locate_key",
+    "rename_marker",
+    "transition",
+    "transition_many",
+]
 
 
 class TransitionObserver(Protocol):
@@ -56,7 +65,66 @@ def transition(
     Raises TransitionConflict when another actor moved the marker first.
     """
     job.state.check(target)
-    frame = Frame(
+    frame = _frame(job, target, body, actor)
+    ref = ws.writer.append(frame.to_json(), keep=target is State.READY)
+    crash_point("transition.after_journal")
+    new = _successor(job, target, ref, priority, not_before, after)
+    rename_marker(ws, job, new)
+    crash_point("transition.after_rename")
+    _told(ws, job, new, frame, note, actor)
+    return new
+
+
+@dataclass(frozen=True)
+class Move:
+    """One job's part of transition_many: as transition()'s arguments."""
+
+    job: JobHandle
+    target: State
+    body: Body
+    after: bool | None = None
+
+
+def transition_many(
+    ws: Workspace, moves: Sequence[Move], *, actor: str
+) -> list[JobHandle | FlowError]:
+    """transition() for several jobs: their frames appended in one write (one fsync in
+    durable mode), then each renamed (§4), the directories made durable once each.
+
+    Per move, in order: the new handle, or the FlowError its rename raised (a lost race
+    is a TransitionConflict); a frame whose rename failed is never named, so invisible.
+    """
+    for m in moves:
+        m.job.state.check(m.target)
+    frames = [_frame(m.job, m.target, m.body, actor) for m in moves]
+    keep = any(m.target is State.READY for m in moves)  # read back at the claim
+    refs = ws.writer.append_many([f.to_json() for f in frames], keep=keep)
+    crash_point("transition.after_journal")
+    out: list[JobHandle | FlowError] = []
+    moved: list[tuple[JobHandle, JobHandle, Frame]] = []
+    dirs: dict[str, None] = {}
+    for m, frame, ref in zip(moves, frames, refs, strict=True):
+        new = _successor(m.job, m.target, ref, None, 0, m.after)
+        try:
+            rename_marker(ws, m.job, new, sync=False)
+        except FlowError as e:
+            out.append(e)
+            continue
+        crash_point("transition.after_rename")
+        out.append(new)
+        moved.append((m.job, new, frame))
+        dirs[os.path.dirname(new.path(ws))] = None
+        dirs[os.path.dirname(m.job.path(ws))] = None
+    if ws.policy.durable:
+        for d in dirs:
+            _fsync_state_dir(d)
+    for old, new, frame in moved:
+        _told(ws, old, new, frame, None, actor)
+    return out
+
+
+def _frame(job: JobHandle, target: State, body: Body, actor: str) -> Frame:
+    return Frame(
         job=job.job_id,
         key=job.key,
         placement=job.placement,
@@ -68,23 +136,33 @@ def transition(
         by=actor,
         body=body,
     )
-    ref = ws.writer.append(frame.to_json())
-    crash_point("transition.after_journal")
+
+
+def _successor(
+    job: JobHandle,
+    target: State,
+    ref: RecordRef,
+    priority: int | None,
+    not_before: int,
+    after: bool | None,
+) -> JobHandle:
     if after is None:
         after = job.marker.after and target in _DEPENDENCY_STATES
-    new = JobHandle(
-        target,
-        job.placement,
-        job.marker.successor(ref, priority=priority, not_before=not_before, after=after),
-    )
-    rename_marker(ws, job, new)
-    crash_point("transition.after_rename")
+    marker = job.marker.successor(ref, priority=priority, not_before=not_before, after=after)
+    return JobHandle(target, job.placement, marker)
+
+
+def _told(
+    ws: Workspace, old: JobHandle, new: JobHandle, frame: Frame, note: str | None, actor: str
+) -> None:
+    """The observers and the dependency sets, once the move has happened."""
     if ws.on_transition:
         for observer in ws.on_transition:
-            observer(job, new, frame, note)
-    if _dependency_hook is not None and (after or job.marker.after or target.is_terminal):
-        _dependency_hook(ws, job, new, actor)
-    return new
+            observer(old, new, frame, note)
+    if _dependency_hook is not None and (
+        new.marker.after or old.marker.after or new.state.is_terminal
+    ):
+        _dependency_hook(ws, old, new, actor)
 
 
 #: what a move means to the dependency sets (§14): installed by protocol/release.py, which
@@ -102,8 +180,10 @@ def install_dependency_hook(hook: DependencyHook) -> None:
 _DEPENDENCY_STATES = frozenset({State.SUBMITTED, State.WAITING, State.PAUSED})
 
 
-def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
-    """Rename old -> new, making the target directory when missing, resolving any error."""
+def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle, *, sync: bool = True) -> None:
+    """Rename old -> new, making the target directory when missing, resolving any error.
+
+    `sync=False`: the caller makes both directories durable itself (durable mode)."""
     src, dst = old.path(ws), new.path(ws)
     dst_dir = os.path.dirname(dst)
     try:
@@ -118,7 +198,7 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle) -> None:
         rename_recreating(src, dst, lambda d: ws.check_state_dir(d, again=True))
     except OSError as e:
         _resolve(ws, old, new, e)
-    if ws.policy.durable:
+    if sync and ws.policy.durable:
         _fsync_state_dir(dst_dir)
         if os.path.dirname(src) != dst_dir:
             _fsync_state_dir(os.path.dirname(src))
