@@ -72,6 +72,7 @@ class RequestInbox:
         self.by_job: dict[str, list[str]] = {}
         self._others: list[str] = []
         self._listed = -1e18
+        self._new = requests.new_dir(ws)  # stat'ed every tick: built once
         self._sig = (0, 0)
         self._swept = -1e18
         self._reoffered = -1e18
@@ -83,7 +84,7 @@ class RequestInbox:
         """List new/ again if it changed (one stat), and at least every REFRESH seconds."""
         now = self.clock()
         try:
-            st = os.stat(requests.new_dir(self.ws))
+            st = os.stat(self._new)
             sig = (st.st_ino, st.st_mtime_ns)
         except OSError:
             sig = (0, 0)
