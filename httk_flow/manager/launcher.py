@@ -26,7 +26,6 @@ __all__ = [
     "NOT_EXECUTABLE",
     "NOT_FOUND",
     "LaunchedProcess",
-    "child_ended",
     "group_alive",
     "launch",
     "proc_start_time",
@@ -247,17 +246,6 @@ def read_exec_failure(path: str, returncode: int) -> tuple[str, bool] | None:
     if words[0] == EXEC_ERROR:
         return (NOT_FOUND if returncode == 127 else NOT_EXECUTABLE), True
     return None
-
-
-def child_ended() -> bool:
-    """Whether some child of this process has ended and waits to be reaped (or whether
-    that cannot be told): it is left unreaped, for the poll of the attempt it is."""
-    try:
-        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True  # no child at all: let each attempt's poll say what became of it
-    except OSError:
-        return True
 
 
 def signal_group(pgid: int, sig: int) -> bool:

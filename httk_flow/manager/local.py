@@ -14,7 +14,6 @@ from httk_flow.manager.attempts import prepare
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.exec_failure import exec_failure
 from httk_flow.manager.launcher import (
-    child_ended,
     group_alive,
     launch,
     read_exec_failure,
@@ -77,8 +76,6 @@ class LocalAttempts:
         #: jobs failed before their attempt could start, reported by the next reap
         self._refused: list[Finished] = []
         self._fence_looked = -1e18
-        #: when reap polls every attempt whether or not waitid saw a child end
-        self._poll_all_at = 0.0
 
     def __len__(self) -> int:
         # a commit still to be retried holds its slot: nothing is done until it lands
@@ -227,13 +224,8 @@ class LocalAttempts:
             done += self._refused
             self._refused = []
         mono = time.monotonic()
-        # one waitid says whether any child ended (most reaps find none: no waitpid each);
-        # every second all are polled, in case something else reaped one
-        ended = bool(self.by_key) and (mono >= self._poll_all_at or child_ended())
-        if ended:
-            self._poll_all_at = mono + 1.0
         for key, la in list(self.by_key.items()):
-            rc = la.proc.poll() if ended else la.proc.returncode
+            rc = la.proc.poll()
             if rc is None:
                 if la.term_at is not None:
                     if self.clock() - la.term_at > self.kill_grace:
