@@ -246,3 +246,23 @@ def test_a_program_seen_once_is_not_looked_up_again_in_the_same_pass(
     assert programs.missing(ws, spec.program, present) is None  # remembered
     assert programs.missing(ws, spec.program, set()) is not None  # a new pass looks
     assert programs.missing(ws, spec.program) is not None
+
+
+def test_register_many_moves_a_batch_at_a_time_and_the_last_partial_one(
+    ws: Workspace, submitter: Submitter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hs = _handles(ws, submitter, 7, placement="q")
+    broken = _handles(ws, submitter, 1, placement="q")
+    with open(os.path.join(ws.job_dir("q", broken[0].key), "job.json"), "wb") as fh:
+        fh.write(b"[]")
+    monkeypatch.setattr(jobs, "REGISTER_BATCH", 3)
+    appends = _Appends(ws, monkeypatch)
+
+    # the broken job last: its one-by-one failure must not strand the partial batch
+    out = jobs.register_many(ws, hs + broken, actor="m")
+
+    assert [r.state if isinstance(r, JobHandle) else r for r in out] == [State.READY] * 7 + [
+        State.FAILED
+    ]
+    assert appends.sizes == [3, 3, 1, 1]  # the failure's own frame came before the last 1
+    assert markers_in(ws, State.SUBMITTED) == []

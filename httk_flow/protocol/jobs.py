@@ -123,15 +123,26 @@ def register_many(
                 plain.append((i, _plain(job, frame, spec)))
         except FlowError as e:
             out[i] = e
-    for at in range(0, len(plain), REGISTER_BATCH):
-        chunk = plain[at : at + REGISTER_BATCH]
-        try:
-            moved = transition_many(ws, [m for _, m in chunk], actor=actor)
-        except FlowError as e:  # the append failed (a full disk, say): none of them moved
-            moved = [e] * len(chunk)
-        for (i, _), r in zip(chunk, moved, strict=True):
-            out[i] = r
+        if len(plain) >= REGISTER_BATCH:
+            _move_plain(ws, plain, out, actor)  # a batch at a time: memory stays bounded
+            plain = []
+    if plain:
+        _move_plain(ws, plain, out, actor)
     return [r for r in out if r is not None]
+
+
+def _move_plain(
+    ws: Workspace,
+    plain: list[tuple[int, Move]],
+    out: list[JobHandle | FlowError | None],
+    actor: str,
+) -> None:
+    try:
+        moved = transition_many(ws, [m for _, m in plain], actor=actor)
+    except FlowError as e:  # the append failed (a full disk, say): none of them moved
+        moved = [e] * len(plain)
+    for (i, _), r in zip(plain, moved, strict=True):
+        out[i] = r
 
 
 def _plain(job: JobHandle, frame: Frame, spec: JobSpec) -> Move:

@@ -247,7 +247,7 @@ class JournalReader:
     last RECENT frames this process's own writer kept from memory: a manager reads back
     the frame that made a job ready when it claims the job, usually moments later."""
 
-    RECENT = 4096
+    RECENT = 4096  # as many as the specs a manager keeps for the claim (SpecCache)
 
     def __init__(self, journal_dir: str, *, cache: int = 64) -> None:
         self._root = journal_dir
