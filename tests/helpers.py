@@ -5,13 +5,16 @@ host (the one /proc reader of the tests)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -277,3 +280,31 @@ def attempt_output(job_dir: str | os.PathLike[str], n: int, name: str = "stdout"
         except FileNotFoundError:
             continue
     return ""
+
+
+def run_racers(script: str, root: str, n: int, signals: Path, timeout: float) -> dict[str, Any]:
+    """Start n Python processes on `script` (argv: root, racerI, signals dir), each
+    touching ready-racerI in `signals` when set; then release them all at once with
+    signals/go and return what each printed as JSON, by racer name."""
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, root, f"racer{i}", str(signals)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(n)
+    ]
+    try:
+        wait_for(lambda: len(os.listdir(signals)) == n, timeout=30)
+        (signals / "go").touch()
+        results = {}
+        for i, proc in enumerate(racers):
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, err.decode()
+            results[f"racer{i}"] = json.loads(out)
+        return results
+    finally:
+        for proc in racers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

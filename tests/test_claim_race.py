@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import markers_in, wait_for
+from helpers import markers_in, run_racers
 
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import Body
@@ -87,27 +84,7 @@ def test_eight_processes_racing_for_two_thousand_markers_claim_each_job_exactly_
     ws, ids = _ready_workspace(tmp_path / "ws")
     signals = tmp_path / "signals"
     signals.mkdir()
-    racers = [
-        subprocess.Popen(
-            [sys.executable, "-c", RACER, ws.root, f"racer{i}", str(signals)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for i in range(RACERS)
-    ]
-    try:
-        wait_for(lambda: len(os.listdir(signals)) == RACERS, timeout=30)
-        (signals / "go").touch()
-        results = {}
-        for i, proc in enumerate(racers):
-            out, err = proc.communicate(timeout=60)
-            assert proc.returncode == 0, err.decode()
-            results[f"racer{i}"] = json.loads(out)
-    finally:
-        for proc in racers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    results = run_racers(RACER, ws.root, RACERS, signals, timeout=60)
 
     # every process's own account: disjoint successes that add up to every job
     winners = {job_id: racer for racer, r in results.items() for job_id in r["successes"]}

@@ -4,16 +4,13 @@ interleaving of their batch appends and renames."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import markers_in, wait_for
+from helpers import markers_in, run_racers
 
 from httk_flow.protocol.names import Marker, RecordRef
 from httk_flow.protocol.states import State
@@ -83,27 +80,7 @@ def test_eight_processes_registering_in_batches_register_each_job_exactly_once(
     ids = {s.id for s in specs}
     signals = tmp_path / "signals"
     signals.mkdir()
-    racers = [
-        subprocess.Popen(
-            [sys.executable, "-c", RACER, ws.root, f"racer{i}", str(signals)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for i in range(RACERS)
-    ]
-    try:
-        wait_for(lambda: len(os.listdir(signals)) == RACERS, timeout=30)
-        (signals / "go").touch()
-        results = {}
-        for i, proc in enumerate(racers):
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, err.decode()
-            results[f"racer{i}"] = json.loads(out)
-    finally:
-        for proc in racers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    results = run_racers(RACER, ws.root, RACERS, signals, timeout=120)
 
     # every process's own account: disjoint successes adding up to every job, and no
     # lost race mistaken for a broken job
