@@ -282,6 +282,23 @@ def attempt_output(job_dir: str | os.PathLike[str], n: int, name: str = "stdout"
     return ""
 
 
+#: the start of a racer script for run_racers: its workspace, a MarkerStream of one state
+#: kind (format with state=State member name), and the wait for the start signal
+RACER_PRELUDE = """
+import json, os, sys, time
+from httk_flow.protocol.discovery import MarkerStream
+from httk_flow.protocol.states import State
+from httk_flow.protocol.workspace import Workspace
+
+root, me, signals = sys.argv[1], sys.argv[2], sys.argv[3]
+ws = Workspace.open(root)
+stream = MarkerStream(ws, State.{state})
+open(os.path.join(signals, "ready-" + me), "w").close()
+while not os.path.exists(os.path.join(signals, "go")):
+    time.sleep(0.001)  # polls for the start signal
+"""
+
+
 def run_racers(script: str, root: str, n: int, signals: Path, timeout: float) -> dict[str, Any]:
     """Start n Python processes on `script` (argv: root, racerI, signals dir), each
     touching ready-racerI in `signals` when set; then release them all at once with

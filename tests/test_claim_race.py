@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import markers_in, run_racers
+from helpers import RACER_PRELUDE, markers_in, run_racers
 
 from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import Body
@@ -23,22 +23,12 @@ RACERS = 8
 PLACEMENTS = 16
 
 #: one racer: open the workspace, wait for the start signal, claim whatever it can
-RACER = textwrap.dedent(
+RACER = RACER_PRELUDE.format(state="READY") + textwrap.dedent(
     """
-    import json, os, sys, time
-    from httk_flow.protocol.discovery import MarkerStream
     from httk_flow.errors import TransitionConflict
-    from httk_flow.protocol.states import State
     from httk_flow.protocol.frames import Body
     from httk_flow.protocol.transition import transition
-    from httk_flow.protocol.workspace import Workspace
 
-    root, me, signals = sys.argv[1], sys.argv[2], sys.argv[3]
-    ws = Workspace.open(root)
-    stream = MarkerStream(ws, State.READY)
-    open(os.path.join(signals, "ready-" + me), "w").close()
-    while not os.path.exists(os.path.join(signals, "go")):
-        time.sleep(0.001)  # polls for the start signal
     successes, conflicts = [], 0
     cycle, seen = stream.cycles, 0
     while True:

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import markers_in, run_racers
+from helpers import RACER_PRELUDE, markers_in, run_racers
 
 from httk_flow.protocol.names import Marker, RecordRef
 from httk_flow.protocol.states import State
@@ -22,21 +22,11 @@ RACERS = 8
 PLACEMENTS = 16
 
 #: one racer: wait for the start signal, register whatever its scan hands it, in batches
-RACER = textwrap.dedent(
+RACER = RACER_PRELUDE.format(state="SUBMITTED") + textwrap.dedent(
     """
-    import json, os, sys, time
     from httk_flow.errors import FlowError, TransitionConflict
-    from httk_flow.protocol.discovery import MarkerStream
     from httk_flow.protocol.jobs import register_many
-    from httk_flow.protocol.states import State
-    from httk_flow.protocol.workspace import Workspace
 
-    root, me, signals = sys.argv[1], sys.argv[2], sys.argv[3]
-    ws = Workspace.open(root)
-    stream = MarkerStream(ws, State.SUBMITTED)
-    open(os.path.join(signals, "ready-" + me), "w").close()
-    while not os.path.exists(os.path.join(signals, "go")):
-        time.sleep(0.001)  # polls for the start signal
     successes, conflicts, other = [], 0, []
     cycle, seen = stream.cycles, 0
     while True:

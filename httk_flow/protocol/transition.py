@@ -82,7 +82,6 @@ class Move:
     job: JobHandle
     target: State
     body: Body
-    after: bool | None = None
 
 
 def transition_many(
@@ -102,9 +101,10 @@ def transition_many(
     crash_point("transition.after_journal")
     out: list[JobHandle | FlowError] = []
     moved: list[tuple[JobHandle, JobHandle, Frame]] = []
-    dirs: dict[str, None] = {}
+    durable = ws.policy.durable
+    dirs: dict[str, None] = {}  # the directories to fsync, once each (durable mode)
     for m, frame, ref in zip(moves, frames, refs, strict=True):
-        new = _successor(m.job, m.target, ref, None, 0, m.after)
+        new = _successor(m.job, m.target, ref, None, 0, None)
         try:
             rename_marker(ws, m.job, new, sync=False)
         except FlowError as e:
@@ -113,11 +113,11 @@ def transition_many(
         crash_point("transition.after_rename")
         out.append(new)
         moved.append((m.job, new, frame))
-        dirs[os.path.dirname(new.path(ws))] = None
-        dirs[os.path.dirname(m.job.path(ws))] = None
-    if ws.policy.durable:
-        for d in dirs:
-            _fsync_state_dir(d)
+        if durable:
+            dirs[os.path.dirname(new.path(ws))] = None
+            dirs[os.path.dirname(m.job.path(ws))] = None
+    for d in dirs:
+        _fsync_state_dir(d)
     for old, new, frame in moved:
         _told(ws, old, new, frame, None, actor)
     return out
