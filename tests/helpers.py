@@ -31,7 +31,7 @@ from httk_flow.protocol.layout import (
 from httk_flow.protocol.names import Marker, RecordRef, new_id
 from httk_flow.protocol.outcome import Action, JoinMode, Outcome, read_outcome
 from httk_flow.protocol.procs import _stat_fields
-from httk_flow.protocol.states import State
+from httk_flow.protocol.states import State, ends_commit
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
 
@@ -50,6 +50,15 @@ STATE_NAMES = [
     "failed",
     "cancelled",
 ]
+
+
+def ends_a_commit(frame: dict[str, Any]) -> bool:
+    """Whether a frame as the journal holds it ends an attempt's commit (committing -> X,
+    X not committing, or the direct running -> succeeded)."""
+    src, to = frame.get("from"), frame.get("to")
+    if not isinstance(src, str) or not isinstance(to, str):
+        return False
+    return ends_commit(State(src), State(to))
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> object:

@@ -8,7 +8,7 @@ import pytest
 from helpers import STATE_NAMES
 
 from httk_flow.errors import FlowError, IllegalTransition
-from httk_flow.protocol.states import TRANSITIONS, State
+from httk_flow.protocol.states import TRANSITIONS, State, ends_commit
 
 ALL_PAIRS = list(itertools.product(State, State))
 
@@ -63,6 +63,8 @@ def test_the_protocol_paths_of_a_job_are_legal() -> None:
         # a job that runs once and succeeds
         [State.SUBMITTED, State.READY, State.CLAIMED, State.RUNNING, State.COMMITTING,
          State.SUCCEEDED],
+        # the same, committed directly (a plain success of the attempt's own manager)
+        [State.SUBMITTED, State.READY, State.CLAIMED, State.RUNNING, State.SUCCEEDED],
         # a job that spawns children, waits, then continues
         [State.RUNNING, State.COMMITTING, State.WAITING, State.READY],
         # cancellation of a running job is fenced, then verified
@@ -83,7 +85,7 @@ def test_the_protocol_paths_of_a_job_are_legal() -> None:
     [
         (State.SUBMITTED, State.RUNNING),
         (State.READY, State.RUNNING),
-        (State.RUNNING, State.SUCCEEDED),
+        (State.RUNNING, State.FAILED),  # only a plain success is committed directly
         (State.RUNNING, State.CANCELLED),  # never cancelled without a verified exit
         (State.CANCELLING, State.READY),
         (State.FAILED, State.SUCCEEDED),
@@ -104,3 +106,15 @@ def test_every_state_but_the_permanent_ones_can_reach_a_terminal_state() -> None
                     seen.add(nxt)
                     frontier.append(nxt)
         assert any(s.is_terminal for s in seen), start
+
+
+def test_a_commit_ends_out_of_committing_or_directly_from_running_to_succeeded() -> None:
+    ends = {(a, b) for a, b in ALL_PAIRS if b in TRANSITIONS[a] and ends_commit(a, b)}
+    out_of_committing = {(State.COMMITTING, b) for b in TRANSITIONS[State.COMMITTING]}
+    assert ends == (out_of_committing - {(State.COMMITTING, State.COMMITTING)}) | {
+        (State.RUNNING, State.SUCCEEDED)
+    }
+    # running -> committing starts a commit; running -> ready is an interruption, no commit
+    assert not ends_commit(State.RUNNING, State.COMMITTING)
+    assert not ends_commit(State.RUNNING, State.READY)
+    assert not ends_commit(None, State.SUBMITTED)

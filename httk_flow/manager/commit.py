@@ -2,17 +2,19 @@
 
 The committing frame records the whole decision, so a commit interrupted between the
 renames is finished by whichever manager takes the committing marker over, and the
-side effects in between (child registration) are idempotent.
+side effects in between (child registration) are idempotent. A plain success of our own
+attempt has nothing in between: it is committed in one rename, running -> succeeded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
 from collections.abc import Callable
 
-from httk_flow.errors import CorruptRecord, FlowError, InvalidOutcome, UsageError
+from httk_flow.errors import CorruptRecord, FlowError, InvalidOutcome, UnsafePath, UsageError
 from httk_flow.manager.attempts import attempt_dir
 from httk_flow.manager.decide import Decision, Ending, decide
 from httk_flow.manager.inbox import Folded, RequestInbox
@@ -133,16 +135,53 @@ class Committer:
                 requests=tuple(c.request.name for c in folded.applied),
                 set_priority=folded.priority,
             )
+        final: JobHandle | None = None
         try:
-            committing = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
+            if evidence is None and _plain_success(decision):
+                # a refused succeeded/ directory leaves the job running: the two renames
+                # then fail it from committing (unsafe_path), as for any other commit
+                with contextlib.suppress(UnsafePath):
+                    final = self._direct(job, body, decision, tidy)
+            if final is None:
+                committing = transition(self.ws, job, State.COMMITTING, body, actor=self.actor)
         except FlowError:
             if inbox is not None and folded is not None:
                 inbox.give_back(folded)
             raise
-        crash_point("commit.after_committing")
-        final = self.finish(committing, spec, body, decision, tidy)
+        if final is None:
+            crash_point("commit.after_committing")
+            final = self.finish(committing, spec, body, decision, tidy)
         if inbox is not None and folded is not None:
             inbox.settle(folded, final)
+        return final
+
+    def _direct(
+        self, job: JobHandle, body: Body, decision: Decision, tidy: Tidy | None
+    ) -> JobHandle:
+        """running -> succeeded in one frame that holds the whole commit (protocol.md §10,
+        The direct commit); tidied after the rename, since no attempt follows."""
+        streamed: Streamed = ()
+        stream = self.logs if tidy is not None else None
+        if tidy is not None and stream is not None:
+            streamed = tidy.stream_only(stream)  # named by the frame, so appended first
+        c = decision.changes
+        prio = body.set_priority
+        final = transition(
+            self.ws,
+            job,
+            State.SUCCEEDED,
+            body.but(
+                snap=c.snapshot(body.snap),
+                message=c.message,
+                failure=c.failure,
+                logs=streamed or None,
+            ),
+            actor=self.actor,
+            priority=prio if prio is not None and 0 <= prio <= MAX_PRIORITY else None,
+        )
+        crash_point("commit.after_direct")
+        if tidy is not None:
+            tidy.run(terminal=True, outcome=_whole(body.result), streamed=streamed)
         return final
 
     def resume(self, job: JobHandle, frame: Frame, evidence: Evidence | None = None) -> JobHandle:
@@ -364,6 +403,15 @@ def is_transient(err: BaseException) -> bool:
 
 def _child_program(job_dir: str, program: str) -> str:
     return program if os.path.isabs(program) else os.path.join(job_dir, program)
+
+
+def _plain_success(decision: Decision) -> bool:
+    """A decision committed in one rename: success, with nothing to register or join."""
+    return (
+        decision.target is State.SUCCEEDED
+        and not decision.children
+        and decision.changes.join is None
+    )
 
 
 def _whole(result: Result | None) -> bool:

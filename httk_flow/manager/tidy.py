@@ -2,7 +2,8 @@
 
 Done by the manager that commits its own attempt, after the committing frame (which
 records the outcome) and before the final rename, while it alone holds the job: no other
-process can be making the job's next attempt. So a job whose program printed nothing
+process can be making the job's next attempt; or after a direct commit's one rename to
+succeeded, a state no attempt follows. So a job whose program printed nothing
 ends as three inodes (its directory, job.json, its marker). Every path is opened relative
 to a descriptor without following a symbolic link: a program that replaced its attempt
 directory with a link cannot make the manager remove files elsewhere.
@@ -58,23 +59,52 @@ class Tidy:
     key: str = ""
     placement: str = ""
 
-    def run(self, *, terminal: bool, outcome: bool, stream: LogWriter | None = None) -> Streamed:
+    def run(
+        self,
+        *,
+        terminal: bool,
+        outcome: bool,
+        stream: LogWriter | None = None,
+        streamed: Streamed = (),
+    ) -> Streamed:
         """Remove what the attempt left that holds nothing; with `terminal` (the job's
         last attempt) also run/ when it is empty. `outcome`: the frames hold the published
         outcome whole (accepted, its message not cut), so its file may go too. `stream`:
         output is appended there (what is returned goes into the final frame) and its
-        files are left for drop() once that frame is written. Never raises: an untidied
-        file costs an inode, never correctness."""
+        files are left for drop() once that frame is written. `streamed`: output that
+        stream_only() appended and a written frame names, whose files go. Never raises:
+        an untidied file costs an inode, never correctness."""
         try:
             jfd = os.open(self.job_dir, _DIR_FLAGS)
         except OSError:
             return ()
         try:
-            streamed = self._attempt(jfd, outcome, stream)
+            done = self._attempt(jfd, outcome, stream, frozenset(n for n, _ in streamed))
             self._dirs(jfd, terminal)
         finally:
             os.close(jfd)
-        return streamed
+        return done
+
+    def stream_only(self, stream: LogWriter) -> Streamed:
+        """Append the attempt's output to the log segments and remove nothing: for a
+        direct commit, whose one frame names the records before anything is tidied."""
+        if not self.settled:
+            return ()
+        try:
+            jfd = os.open(self.job_dir, _DIR_FLAGS)
+        except OSError:
+            return ()
+        try:
+            xfd = _open_dir(self.attempt, jfd)
+            if xfd is None:
+                return ()
+            try:
+                refs = ((name, self._stream(name, xfd, stream)) for name in _OUTPUT)
+                return tuple((name, ref) for name, ref in refs if ref is not None)
+            finally:
+                os.close(xfd)
+        finally:
+            os.close(jfd)
 
     def drop(self, streamed: Streamed, *, terminal: bool) -> None:
         """After the final frame holds where the output went: its files, then the
@@ -102,7 +132,9 @@ class Tidy:
             if self.persistent and self.settled:
                 _rmdir(_RUN, jfd)
 
-    def _attempt(self, jfd: int, outcome: bool, stream: LogWriter | None) -> Streamed:
+    def _attempt(
+        self, jfd: int, outcome: bool, stream: LogWriter | None, gone: frozenset[str]
+    ) -> Streamed:
         xfd = _open_dir(self.attempt, jfd)
         if xfd is None:
             return ()
@@ -114,6 +146,9 @@ class Tidy:
                 for name in _TOLD:
                     _unlink(name, xfd)
                 for name in _OUTPUT:
+                    if name in gone:
+                        _unlink(name, xfd)  # streamed, and the frame names its record
+                        continue
                     ref = self._stream(name, xfd, stream) if stream is not None else None
                     if ref is not None:
                         streamed.append((name, ref))

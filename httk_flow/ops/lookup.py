@@ -16,7 +16,7 @@ from httk_flow.protocol.groups import GroupRegistry
 from httk_flow.protocol.jobs import all_jobs, history, load_spec
 from httk_flow.protocol.jobspec import JobSpec, duration_words
 from httk_flow.protocol.logstream import Streamed
-from httk_flow.protocol.states import State
+from httk_flow.protocol.states import State, ends_commit
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
 
@@ -265,7 +265,7 @@ def why_words(f: Frame) -> str:
     why = f.body.why or ""
     r, ev = f.body.result, f.body.evidence
     notes = []
-    if r is not None and State.COMMITTING in (f.source, f.to):
+    if r is not None and (State.COMMITTING in (f.source, f.to) or ends_commit(f.source, f.to)):
         if r.time_limit is not None:
             notes.append(f"time limit {duration_words(r.time_limit)}")
         elif r.interrupted == "drain":

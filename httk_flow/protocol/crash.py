@@ -28,6 +28,7 @@ POINTS = (
     "commit.after_children",
     "commit.after_tidy",
     "commit.after_final",
+    "commit.after_direct",
     "join.after_release",
     "cancel.after_fence",
     "cancel.after_signal",

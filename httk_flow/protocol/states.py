@@ -56,7 +56,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # ready -> ready: a priority change is a rename too
     S.READY: frozenset({S.READY, S.CLAIMED, S.PAUSED, S.CANCELLED, S.FAILED}),
     S.CLAIMED: frozenset({S.RUNNING, S.READY, S.FAILED, S.CANCELLED}),
-    S.RUNNING: frozenset({S.COMMITTING, S.CANCELLING, S.READY}),
+    # running -> succeeded: the direct commit of a plain success by the attempt's manager
+    S.RUNNING: frozenset({S.COMMITTING, S.CANCELLING, S.READY, S.SUCCEEDED}),
     # committing -> committing: a manager takes over a commit whose owner is gone
     S.COMMITTING: frozenset({S.COMMITTING, S.READY, S.WAITING, S.PAUSED, S.SUCCEEDED, S.FAILED}),
     S.WAITING: frozenset({S.WAITING, S.READY, S.FAILED, S.PAUSED, S.CANCELLED}),
@@ -69,3 +70,11 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.CANCELLED: frozenset(),
 }
 del S
+
+
+def ends_commit(source: State | None, target: State) -> bool:
+    """Whether a move is the end of an attempt's commit: committing -> anything but
+    committing, or the direct commit running -> succeeded (protocol.md §10)."""
+    if source is State.COMMITTING:
+        return target is not State.COMMITTING
+    return source is State.RUNNING and target is State.SUCCEEDED

@@ -74,7 +74,7 @@ from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.durations import parse_duration
 from httk_flow.protocol.journal import RawFrame as Frame
 from httk_flow.protocol.leases import heartbeat_path
-from httk_flow.protocol.states import State
+from httk_flow.protocol.states import State, ends_commit
 from httk_flow.protocol.submit import SubmitRequest, Submitter
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
@@ -1379,12 +1379,22 @@ def _holder(before: Frame, f: Frame) -> str | None:
     return holder if isinstance(holder, str) else None
 
 
+def _ends_commit(f: Frame) -> bool:
+    """`committing -> X` (X not committing) or the direct `running -> succeeded`."""
+    src, to = f.get("from"), f.get("to")
+    return isinstance(src, str) and isinstance(to, str) and ends_commit(State(src), State(to))
+
+
 def _commits(frames: list[Frame]) -> list[tuple[int, int]]:
     """(index of the frame that entered committing, index of the commit) of every commit
-    (`committing -> X`, X not committing; resumed commits enter at their first frame)."""
+    (`committing -> X`, X not committing; resumed commits enter at their first frame; a
+    direct commit `running -> succeeded` enters and ends at the same frame)."""
     out = []
     for i, f in enumerate(frames):
-        if f.get("from") != State.COMMITTING.value or f.get("to") == State.COMMITTING.value:
+        if not _ends_commit(f):
+            continue
+        if f.get("from") == State.RUNNING.value:
+            out.append((i, i))
             continue
         j = i - 1
         while j > 0 and frames[j].get("from") == State.COMMITTING.value:
@@ -1471,8 +1481,9 @@ def check_job(
 ) -> list[str]:
     """Every invariant of one job's history and side effects; returns the violations.
 
-    What is counted as a commit: a frame `committing -> X` with X not committing. Its
-    activation is the `act` of the committing frame before it. A commit whose `why` starts
+    What is counted as a commit: a frame `committing -> X` with X not committing, or a
+    direct commit `running -> succeeded`. Its activation is the `act` of the frame before
+    it (the committing frame, or the running one). A commit whose `why` starts
     with one of RERUN_WHY sends the job back to ready in the same activation (an attempt
     interrupted by a dead manager, a process failure, a flow_retry); any other commit
     ends its activation. The protocol allows any number of re-runs of an activation, then
@@ -1574,9 +1585,11 @@ def check_job(
     rerun_acts: Counter[int] = Counter()
     committing = State.COMMITTING.value
     for before, f in itertools.pairwise(frames):
-        if f.get("from") != committing or f.get("to") == committing:
+        if not _ends_commit(f):
             continue
         tally["commits"] += 1
+        if f.get("from") == State.RUNNING.value:
+            tally["direct_commits"] += 1
         raw = f.get("attempt")
         committed = raw if isinstance(raw, dict) else {}
         aid = str(committed.get("id"))

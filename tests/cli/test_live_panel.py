@@ -197,13 +197,13 @@ def test_into_a_pipe_a_run_prints_its_transition_lines_as_it_always_did(
             f"T M {t} {move}"
             for t, moves in [
                 ("a", ["ready -> claimed", "claimed -> running (a0001)"]),
-                ("a", ["running -> committing (exit_0)", "committing -> succeeded (exit_0)"]),
+                ("a", ["running -> succeeded (exit_0)"]),
                 ("b", ["ready -> claimed", "claimed -> running (a0001)"]),
-                ("b", ["running -> committing (exit_0)", "committing -> succeeded (exit_0)"]),
+                ("b", ["running -> succeeded (exit_0)"]),
                 ("c", ["ready -> claimed", "claimed -> running (a0001)"]),
                 ("c", ["running -> committing (fail)", "committing -> failed (fail: broken)"]),
                 ("d", ["ready -> claimed", "claimed -> running (a0001)"]),
-                ("d", ["running -> committing (exit_0)", "committing -> succeeded (exit_0)"]),
+                ("d", ["running -> succeeded (exit_0)"]),
             ]
             for move in moves
         ],
@@ -412,7 +412,8 @@ def test_verbose_or_a_dumb_terminal_gives_the_transition_lines(
     assert "serving" in whole[0] and whole[-1] == "[exit 1]"
     assert SUMMARY.match(whole[-2]) and whole[-2].endswith(" 5 succeeded, 1 failed"), whole
     assert [line for line in whole[1:-2] if not TRANSITION.match(line)] == []
-    assert len(whole[1:-2]) == 6 * 5  # submitted, claimed, running, committing, final
+    # registered, claimed, running, then a success in one move, a failure in two
+    assert len(whole[1:-2]) == 5 * 4 + 1 * 5
     assert not any("jobs/s" in line or "╭" in line for line in whole)
 
 

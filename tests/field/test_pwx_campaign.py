@@ -38,6 +38,7 @@ from typing import Any
 
 import orjson
 import pytest
+from helpers import ends_a_commit
 from manager.support import JobInfo, all_jobs, children_of, dump, flow, fsck_report
 from slurm.support import LIVE, Cluster, run
 
@@ -165,7 +166,7 @@ def commits(root: str) -> list[tuple[str, str, str]]:
         (info.handle.key, str(f.get("by")), str(f.get("why")))
         for info in all_jobs(root)
         for f in info.frames
-        if f.get("from") == State.COMMITTING.value and f.get("to") != State.COMMITTING.value
+        if ends_a_commit(f)
     ]
 
 

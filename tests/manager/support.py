@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from helpers import IN_PROCESS_MANAGERS, REAP_LOCK, processes, processes_with_env, wait_for
+from helpers import (
+    IN_PROCESS_MANAGERS,
+    REAP_LOCK,
+    ends_a_commit,
+    processes,
+    processes_with_env,
+    wait_for,
+)
 
 from httk_flow.ops import lookup
 from httk_flow.protocol import jobs, layout
@@ -181,12 +188,9 @@ class JobInfo:
         return [a.to_json() for a in view.attempts]
 
     def commits(self) -> list[Frame]:
-        """Frames that end a commit (committing -> anything but committing), oldest first."""
-        return [
-            f
-            for f in self.frames
-            if f.get("from") == State.COMMITTING.value and f.get("to") != State.COMMITTING.value
-        ]
+        """Frames that end a commit (committing -> anything but committing, or the direct
+        running -> succeeded), oldest first."""
+        return [f for f in self.frames if ends_a_commit(f)]
 
     def job_dir(self, root: str) -> Path:
         return Path(root) / self.handle.placement / self.handle.key
@@ -221,11 +225,10 @@ def marker_keys(root: str) -> Counter[str]:
 
 def committed(info: JobInfo) -> list[tuple[int, str, str]]:
     """(activation, step, why) of every finished commit, oldest first."""
-    committing = State.COMMITTING.value
     return [
         (int(before["act"]), str(f["attempt"]["step"]), str(f["why"]))
         for before, f in zip(info.frames, info.frames[1:], strict=False)
-        if f.get("from") == committing and f.get("to") != committing
+        if ends_a_commit(f)
     ]
 
 

@@ -26,8 +26,9 @@ from .support import (
     write_script,
 )
 
-#: (point, nth hit) cases; the workload makes 51 transitions, 11 attempts and commits, one
-#: commit that registers 3 children, so every nth here is reached by the first manager
+#: (point, nth hit) cases; the workload makes 45 transitions, 11 attempts and commits (5
+#: in two renames: four advances and a wait whose commit registers 3 children; 6 direct
+#: successes), so every nth here is reached by the first manager
 CASES = [
     ("transition.after_journal", 1),
     ("transition.after_journal", 10),
@@ -40,12 +41,14 @@ CASES = [
     ("launch.after_running", 1),
     ("launch.after_running", 6),
     ("commit.after_committing", 2),
-    ("commit.after_committing", 8),
+    ("commit.after_committing", 5),
     ("commit.after_children", 1),
     ("commit.after_tidy", 2),
-    ("commit.after_tidy", 7),
+    ("commit.after_tidy", 4),
     ("commit.after_final", 3),
-    ("commit.after_final", 9),
+    ("commit.after_final", 5),
+    ("commit.after_direct", 1),
+    ("commit.after_direct", 6),
     ("submit.after_payload", 2),
     ("submit.after_journal", 1),
     ("claim.after_claim", 1),

@@ -105,7 +105,7 @@ def test_a_time_limit_stops_the_whole_group_and_the_retry_gets_the_grown_limit(
         f"key         {key}",
         "state       succeeded",
         "step        main",
-        "generation  9",
+        "generation  8",
         "priority    500",
         f"directory   {job_dir}",
         "program     needs.sh",

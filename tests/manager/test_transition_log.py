@@ -138,8 +138,8 @@ def test_every_transition_of_a_real_run_has_exactly_one_log_line(
     [sample] = [line for line in text.splitlines() if f" {ok} claimed -> running" in line]
     assert re.fullmatch(r"\d\d:\d\d:\d\d", sample[:8]), sample
     assert sample[8:] == f" {manager} {ok} claimed -> running (a0001)"
-    [done] = [line for line in text.splitlines() if f" {ok} committing -> " in line]
-    assert done[8:] == f" {manager} {ok} committing -> succeeded (succeed)"
+    [done] = [line for line in text.splitlines() if f" {ok} running -> s" in line]
+    assert done[8:] == f" {manager} {ok} running -> succeeded (succeed)"
 
 
 def test_json_lines_carry_the_same_fields(root: str, scripts: Path, managers: Managers) -> None:

@@ -183,7 +183,8 @@ def test_a_manager_converges_through_lying_marker_renames(root: str, program: st
     ids = _submitted(root, program, 12)
     model = LyingRenames(applies=markers_only)
     _serve(root, model)
-    assert model.lies >= 12 * 5
+    # four marker renames a job: registered, claimed, running, committed directly
+    assert model.lies >= 12 * 4
     _all_succeeded_once(root, ids)
 
 

@@ -93,6 +93,7 @@ def test_every_finished_job_is_three_inodes_and_flow_logs_reads_its_output(
         assert flow.ok("logs", "--follow", job["key"]) == STDOUT
         [final] = [t for t in flow.history(job["key"]) if t["to"] == "succeeded"]
         assert set(final["logs"]) == {"stdout", "stderr"}  # where the final frame says it is
+        assert final["from"] == "running"  # a direct commit: the one frame names the records
     assert inodes(flow.job_dir(quiet)) == [".", "job.json"]
     assert flow.ok("logs", quiet["key"]) == ""
     # one manager, one segment: two records per job that printed
@@ -157,16 +158,26 @@ def test_a_manager_killed_in_a_streaming_commit_loses_no_output(
 ) -> None:
     streaming(flow)
     prog = write_program(scripts, "prints.sh", PRINTS)
-    for point in ("commit.after_tidy", "commit.after_final"):
-        job = flow.submit(prog)
+    # a success is committed directly (its records appended first); the retried job's
+    # first attempt, a failure, in two renames with the tidy between
+    for point in ("commit.after_direct", "commit.after_tidy", "commit.after_final"):
+        direct = point == "commit.after_direct"
+        if direct:
+            job = flow.submit(prog)
+        else:
+            job = flow.submit("--retries", "1", write_program(scripts, "retried.sh", RETRIED))
         first = managers.start(flow.root, workers=1, env={"FLOW_CRASH_AT": f"{point}:1"})
         assert first.wait(60) == -signal.SIGKILL, point
         assert managers.run(flow.root, workers=1) == 0
         assert flow.state(job["key"]) == "succeeded", point
         commits = [t for t in flow.history(job["key"]) if t["to"] == "succeeded"]
         assert len(commits) == 1, point
-        assert flow.ok("logs", job["key"]) == STDOUT, point
-        assert flow.ok("logs", "--stderr", job["key"]) == "to stderr\n", point
+        if direct:
+            assert flow.ok("logs", job["key"]) == STDOUT, point
+            assert flow.ok("logs", "--stderr", job["key"]) == "to stderr\n", point
+        else:
+            assert flow.ok("logs", "--attempt", "1", job["key"]) == "first\n", point
+            assert flow.ok("logs", job["key"]) == "second\n", point
     assert fsck_report(flow.root)["clean"]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 # one reaper and one process reader for every suite
+from helpers import ends_a_commit
 from manager.support import OrphanReaper as OrphanReaper
 from manager.support import processes_of
 
@@ -102,10 +103,9 @@ class Job:
         return str(self.failure.get("message", ""))
 
     def commits(self) -> list[Frame]:
-        """Frames that end a commit (committing -> a state other than committing)."""
-        return [
-            f for f in self.frames if f.get("from") == "committing" and f.get("to") != "committing"
-        ]
+        """Frames that end a commit (committing -> a state other than committing, or the
+        direct running -> succeeded)."""
+        return [f for f in self.frames if ends_a_commit(f)]
 
     def attempt_dirs(self) -> list[Path]:
         """The attempt directories left (a committed attempt may have been tidied away)."""
