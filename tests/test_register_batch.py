@@ -47,9 +47,9 @@ class _Appends:
         writer = ws.writer
         real = writer.append_many
 
-        def counted(frames: Sequence[RawFrame], *, keep: bool = False) -> list[RecordRef]:
+        def counted(frames: Sequence[RawFrame]) -> list[RecordRef]:
             self.sizes.append(len(frames))
-            return real(frames, keep=keep)
+            return real(frames)
 
         monkeypatch.setattr(writer, "append_many", counted)
 

@@ -50,11 +50,8 @@ class JournalWriter:
         *,
         durable: bool,
         segment_bytes: int,
-        recent: JournalReader | None = None,
     ) -> None:
         self._root = journal_dir
-        #: told the frames appended with keep=True, to read them back without the file
-        self._recent = recent
         self._durable = durable
         self._segment_bytes = segment_bytes
         self._fd = -1
@@ -113,14 +110,11 @@ class JournalWriter:
         if self._durable:
             fsync_dir(self._dir)
 
-    def append(self, frame: RawFrame, *, keep: bool = False) -> RecordRef:
-        return self.append_many((frame,), keep=keep)[0]
+    def append(self, frame: RawFrame) -> RecordRef:
+        return self.append_many((frame,))[0]
 
-    def append_many(self, frames: Sequence[RawFrame], *, keep: bool = False) -> list[RecordRef]:
-        """Append frames in one write; returns their refs. Durable mode syncs before return.
-
-        `keep`: the frames will be read back soon (a ready job's, until its claim): the
-        reader given as `recent` keeps their bytes."""
+    def append_many(self, frames: Sequence[RawFrame]) -> list[RecordRef]:
+        """Append frames in one write; returns their refs. Durable mode syncs before return."""
         # encoded first: a frame that cannot be serialised writes nothing
         lines = [orjson.dumps(f) + b"\n" for f in frames]
         if not lines:
@@ -144,8 +138,6 @@ class JournalWriter:
             ref = RecordRef(self.writer_id, self._segment, off)
             refs.append(ref)
             off += len(line)
-            if keep and self._recent is not None:
-                self._recent.remember(ref, line)
         return refs
 
     def _place(self, data: bytes) -> int:
@@ -244,8 +236,8 @@ def _append_error(e: OSError, path: str) -> FlowError:
 
 class JournalReader:
     """Reads frames by reference through a small cache of open segment handles, and the
-    last RECENT frames this process's own writer kept from memory: a manager reads back
-    the frame that made a job ready when it claims the job, usually moments later."""
+    last RECENT frames this process made a job ready with, kept parsed: a manager reads
+    back the frame that made a job ready when it claims the job, usually moments later."""
 
     RECENT = 4096  # as many as the specs a manager keeps for the claim (SpecCache)
 
@@ -253,13 +245,14 @@ class JournalReader:
         self._root = journal_dir
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._cache = cache
-        self._recent: dict[RecordRef, bytes] = {}
+        self._recent: dict[RecordRef, Frame] = {}
 
-    def remember(self, ref: RecordRef, line: bytes) -> None:
-        """The bytes our writer placed at `ref` (verified there, §5): a frame's bytes never
-        change once a marker names it, so reading them back from memory is exact."""
+    def remember(self, ref: RecordRef, frame: Frame) -> None:
+        """The frame this process's writer placed at `ref` (learnt from the file, §5): the
+        bytes there are `frame` serialised, and parsing them gives `frame` back (a property
+        tests/test_kept_frames.py checks), so frame(ref) returns it without reading or parsing."""
         recent = self._recent
-        recent[ref] = line
+        recent[ref] = frame
         if len(recent) > self.RECENT:
             del recent[next(iter(recent))]  # the oldest: dicts keep insertion order
 
@@ -286,10 +279,8 @@ class JournalReader:
 
     def read(self, ref: RecordRef) -> RawFrame:
         """The frame `ref` names as JSON, its members' shapes checked (check_frame)."""
-        line = self._recent.get(ref)
-        buf = self._pread(ref) if line is None else line[:-1]
         try:
-            frame = orjson.loads(buf)
+            frame = orjson.loads(self._pread(ref))
         except orjson.JSONDecodeError as e:
             raise CorruptRecord("journal frame is not valid JSON", obj=f"record {ref}") from e
         if not isinstance(frame, dict):
@@ -325,6 +316,9 @@ class JournalReader:
 
     def frame(self, ref: RecordRef) -> Frame:
         """The frame `ref` names, parsed; CorruptRecord if it is not a whole frame."""
+        kept = self._recent.get(ref)
+        if kept is not None:
+            return kept
         try:
             return Frame.from_json(self.read(ref))
         except BadFrame as e:

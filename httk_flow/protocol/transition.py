@@ -66,7 +66,9 @@ def transition(
     """
     job.state.check(target)
     frame = _frame(job, target, body, actor)
-    ref = ws.writer.append(frame.to_json(), keep=target is State.READY)
+    ref = ws.writer.append(frame.to_json())
+    if target is State.READY:
+        ws.reader.remember(ref, frame)  # read back at the claim
     crash_point("transition.after_journal")
     new = _successor(job, target, ref, priority, not_before, after)
     rename_marker(ws, job, new)
@@ -96,8 +98,10 @@ def transition_many(
     for m in moves:
         m.job.state.check(m.target)
     frames = [_frame(m.job, m.target, m.body, actor) for m in moves]
-    keep = any(m.target is State.READY for m in moves)  # read back at the claim
-    refs = ws.writer.append_many([f.to_json() for f in frames], keep=keep)
+    refs = ws.writer.append_many([f.to_json() for f in frames])
+    for m, frame, ref in zip(moves, frames, refs, strict=True):
+        if m.target is State.READY:
+            ws.reader.remember(ref, frame)  # read back at the claim
     crash_point("transition.after_journal")
     out: list[JobHandle | FlowError] = []
     moved: list[tuple[JobHandle, JobHandle, Frame]] = []

@@ -344,7 +344,6 @@ class Workspace:
                 self.journal_dir,
                 durable=self.policy.durable,
                 segment_bytes=self.policy.segment_bytes,
-                recent=self.reader,
             )
         return self._writer
 
