@@ -76,16 +76,19 @@ def regrow(ws: str, sizes: dict[str, int]) -> None:
 
 
 def grow_as_if(ws: str, jobs: int) -> None:
-    """Grow the submitted and ready shard directories as `jobs` registrations leave them."""
+    """Grow the submitted and ready shard directories as `jobs` registrations leave them:
+    every name made before any is removed, as the markers of a bulk submission wait
+    together (a name removed at once would only free the slot the next one takes)."""
     per_shard = max(1, jobs // 256)
     name = "0" * 32 + ".p500.g1.w1m2n3o4p5q6-0-0"  # as long as a marker name
     for kind in ("submitted", "ready"):
         for i in range(256):
             d = os.path.join(ws, ".flow", "state", kind, "jobs", f"{i:02x}")
             os.makedirs(d, exist_ok=True)
-            for k in range(per_shard):
-                p = os.path.join(d, f"{k:06d}{name}")
+            made = [os.path.join(d, f"{k:06d}{name}") for k in range(per_shard)]
+            for p in made:
                 open(p, "x").close()
+            for p in made:
                 os.unlink(p)
 
 

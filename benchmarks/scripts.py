@@ -19,15 +19,20 @@ print(len(handles))
 
 #: the filesystem work of a submission without the engine: per job a payload directory
 #: published by rename and an empty marker, one journal write per 512 jobs; with "1",
-#: the fsyncs of durable mode (file, its directory, the parents before each batch's markers)
+#: durable as the engine makes it (group commit): one syncfs(2) of the filesystem once a
+#: batch's payloads are written, before any is published, and one once its markers are
 FLOOR_SCRIPT = """
-import os, sys, uuid
+import ctypes, os, sys, uuid
 
 root, n, durable = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-def fsync_dir(p):
-    fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
-    os.fsync(fd)
-    os.close(fd)
+libc = ctypes.CDLL(None, use_errno=True)
+def syncfs():
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(fd) != 0:
+            raise OSError(ctypes.get_errno(), "syncfs")
+    finally:
+        os.close(fd)
 for d in ("tmp", "journal", "jobs", "state/submitted/jobs"):
     os.makedirs(os.path.join(root, d))
 journal = os.open(os.path.join(root, "journal", "0.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -35,38 +40,27 @@ payload, frame = b"j" * 500, b"f" * 230 + b"\\n"
 made = set()
 for start in range(0, n, 512):
     ids = [uuid.uuid4().hex for _ in range(min(512, n - start))]
-    parents, marker_dirs = set(), set()
     for i in ids:
         tmp = os.path.join(root, "tmp", i)
         os.mkdir(tmp)
         fd = os.open(os.path.join(tmp, "job.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         os.write(fd, payload)
-        if durable:
-            os.fsync(fd)
         os.close(fd)
-        if durable:
-            fsync_dir(tmp)
+    os.write(journal, frame * len(ids))
+    if durable:
+        syncfs()  # every payload and frame whole on disk before any is published
+    for i in ids:
         parent = os.path.join(root, "jobs", i[:3])
         if parent not in made:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
-        os.rename(tmp, os.path.join(parent, i))
-        parents.add(parent)
-    if durable:
-        for p in parents:
-            fsync_dir(p)
-    os.write(journal, frame * len(ids))
-    if durable:
-        os.fsync(journal)
-    for i in ids:
+        os.rename(os.path.join(root, "tmp", i), os.path.join(parent, i))
         d = os.path.join(root, "state", "submitted", "jobs", i[:3])
         if d not in made:
             os.makedirs(d, exist_ok=True)
             made.add(d)
         marker = os.path.join(d, i + ".p500.g0.x-0-0")
         os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-        marker_dirs.add(d)
     if durable:
-        for d in marker_dirs:
-            fsync_dir(d)
+        syncfs()  # the batch's markers and renames
 """
