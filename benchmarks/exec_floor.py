@@ -37,12 +37,16 @@ sys.path.insert(0, REPO)
 
 from httk_flow.manager import launcher  # noqa: E402  (the tree this script lies in)
 
+#: the floor itself: one command that starts n jobs (its {n}), xargs's own CPU included
+XARGS = "xargs -P2 sh -c true"
+XARGS_CMD = "seq {n} | xargs -P2 -n1 sh -c true"
+
 
 def _cases(tmp: str) -> dict[str, list[str]]:
     script = launcher._SCRIPT.replace("read -r _ ||", ": ||")  # the gate, already open
     out, err, fail = (os.path.join(tmp, n) for n in ("out", "err", "fail"))
     return {
-        XARGS: [XARGS],
+        XARGS: ["/bin/sh", "-c", XARGS_CMD],
         "sh -c true": ["/bin/sh", "-c", "true"],
         "bash -c true": ["/bin/bash", "-c", "true"],
         "/bin/true": ["/bin/true"],
@@ -53,19 +57,15 @@ def _cases(tmp: str) -> dict[str, list[str]]:
     }
 
 
-XARGS = "xargs -P2 sh -c true"
-
-
 def _measure(argv: list[str], n: int) -> tuple[float, float]:
-    """(children's CPU ms per start, wall ms per start)."""
+    """(children's CPU ms per job, wall ms per job): argv started n times, or once when it
+    starts the n jobs itself (XARGS_CMD)."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    if argv == [XARGS]:  # the floor itself, xargs's own CPU included: one command, n jobs
-        cmd = f"seq {n} | xargs -P2 -n1 sh -c true"
-        os.waitpid(os.posix_spawn("/bin/sh", ["/bin/sh", "-c", cmd], os.environ), 0)
-    for _ in range(n if argv != [XARGS] else 0):
-        pid = os.posix_spawn(argv[0], argv, os.environ)
-        os.waitpid(pid, 0)
+    once = argv[-1] == XARGS_CMD
+    runs = [[*argv[:-1], XARGS_CMD.format(n=n)]] if once else [argv] * n
+    for a in runs:
+        os.waitpid(os.posix_spawn(a[0], a, os.environ), 0)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
