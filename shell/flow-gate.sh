@@ -5,10 +5,11 @@
 exec 9<&- >>"$_FLOW_GATE_OUT" 2>>"$_FLOW_GATE_ERR" || exit 126
 [[ -z $_FLOW_GATE_CTX ]] || printf %s "$FLOW_LAUNCH_CONTEXT" >"$_FLOW_GATE_CTX" || exit 126
 cd -- "$_FLOW_GATE_CWD" || exit 126
-TMOUT=0 read -r _ || exit 125
+TMOUT=0 read -r _ _flow_c || exit 125
+[[ -z $_flow_c ]] || export FLOW_CPU_LIST=$_flow_c
 if [[ -f $0 && -x $0 ]]; then
     exec </dev/null
-    unset BASH_ENV FLOW_LAUNCH_CONTEXT _FLOW_GATE_OUT _FLOW_GATE_ERR _FLOW_GATE_CTX _FLOW_GATE_CWD _FLOW_GATE_FAIL
+    unset BASH_ENV FLOW_LAUNCH_CONTEXT _FLOW_GATE_OUT _FLOW_GATE_ERR _FLOW_GATE_CTX _FLOW_GATE_CWD _FLOW_GATE_FAIL _flow_c
     return
 fi
 # a program the /bin/sh launcher would not execute: bash parses this only then

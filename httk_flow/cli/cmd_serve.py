@@ -60,6 +60,13 @@ def _options(f: Any) -> Any:
                 help="Of ready jobs of one priority, claim those that advanced, retried or "
                 "joined first (depth), or in the order they came (breadth).",
             ),
+            click.option(
+                "--launch-ahead/--no-launch-ahead",
+                default=True,
+                show_default=True,
+                help="While every worker runs short attempts, keep the next jobs claimed "
+                "and launched behind their gates, to start the moment a worker frees.",
+            ),
             click.option("--log-format", type=click.Choice(["text", "json"]), default="text"),
             click.option(
                 "-q",

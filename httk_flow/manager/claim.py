@@ -9,6 +9,7 @@ has waited RESERVE_AFTER, and from then on what it needs is kept back as it free
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,9 +33,13 @@ from httk_flow.protocol.transition import JobHandle, transition
 CLASS_CAP = 4096
 
 
+#: a candidate's place in the claim order (-priority, rank, arrival): lower goes first
+Sort = tuple[int, int, int]
+
+
 @dataclass(order=True)
 class _Candidate:
-    sort: tuple[int, int, int]
+    sort: Sort
     handle: JobHandle = field(compare=False)
     #: when this manager first offered it (the clock of the pass context)
     since: float = field(compare=False, default=0.0)
@@ -48,6 +53,8 @@ class Claimed:
     ready_frame: Frame
     #: the resources it holds here (None: a manager without an inventory, in tests)
     binding: Binding | None = None
+    #: its place in the claim order when it was claimed
+    sort: Sort = (0, 0, 0)
 
 
 #: the generation of a marker that just became ready for the first time (submitted is 0)
@@ -188,12 +195,15 @@ class ClaimPass:
     def candidates(self) -> int:
         return sum(len(h) for h in self._heaps.values())
 
-    def _pick(self, now: float) -> tuple[str | None, bool]:
+    def _pick(self, now: float, ahead: bool) -> tuple[str | None, bool]:
         """The class whose best candidate is claimed next: the best that fits what is
-        free, less what a long-waiting better job keeps back. (class, any candidates)."""
+        free, less what a long-waiting better job keeps back. (class, any candidates).
+        `ahead`: the best candidate, if it asks for the default resources."""
         tops = sorted((heap[0].sort, cid) for cid, heap in self._heaps.items() if heap)
         if not tops:
             return None, False
+        if ahead:
+            return (tops[0][1] if self._need(tops[0][1]).is_default else None), True
         slots = self.slots
         if slots is None:
             return tops[0][1], True
@@ -208,8 +218,11 @@ class ClaimPass:
         self.reserving = reserved
         return None, True
 
-    def take(self, n: int, budget: int) -> list[Claimed]:
-        """Claim up to n jobs that fit; scans at most a few budgets' worth of entries."""
+    def take(self, n: int, budget: int, *, ahead: bool = False) -> list[Claimed]:
+        """Claim up to n jobs that fit; scans at most a few budgets' worth of entries.
+
+        `ahead`: for launching ahead (ahead.py), with nothing free: the best candidates
+        while they ask for the default resources, claimed without a binding."""
         out: list[Claimed] = []
         now = self.ctx.clock()
         while self._later and self._later[0][0] <= now:
@@ -218,9 +231,9 @@ class ClaimPass:
         scans = 0
         self.reserving = None
         while len(out) < n:
-            cid, _ = self._pick(now)
+            cid, some = self._pick(now, ahead)
             if cid is None:
-                if scans >= 2 or self.candidates >= CLASS_CAP:
+                if (ahead and some) or scans >= 2 or self.candidates >= CLASS_CAP:
                     break
                 self.refill(budget)
                 scans += 1
@@ -228,7 +241,7 @@ class ClaimPass:
             c = heapq.heappop(self._heaps[cid])
             h = c.handle
             binding = None
-            if self.slots is not None:
+            if self.slots is not None and not ahead:
                 binding = self.slots.take(self._need(cid))
                 if binding is None:
                     # its devices are held by an attempt that outlived its manager
@@ -237,10 +250,15 @@ class ClaimPass:
             self._queued.discard((h.key, h.marker.generation))
             got = self._claim(h, now, binding)
             if got is not None:
-                out.append(got)
+                out.append(dataclasses.replace(got, sort=c.sort))
             elif binding is not None and self.slots is not None:
                 self.slots.give(binding)
         return out
+
+    def best(self) -> Sort | None:
+        """The place of the candidate in hand that a claim would take next (None: none)."""
+        cid, _ = self._pick(self.ctx.clock(), False)
+        return self._heaps[cid][0].sort if cid is not None else None
 
     def too_long_for_us(self, key: str) -> bool:
         """A job whose declared time does not fit before this manager's end: not ours."""

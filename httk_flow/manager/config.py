@@ -73,6 +73,9 @@ class ManagerConfig:
     inventory: Inventory | None = None
     #: pin each attempt's process group to its own CPUs
     bind_cpus: bool = False
+    #: while every worker runs a short attempt, keep the next jobs launched behind their
+    #: gates, to start when a worker frees (ahead.py)
+    launch_ahead: bool = True
     #: seconds a job too large for what is free lets smaller ones past (claim.py)
     reserve_after: float = RESERVE_AFTER
     #: the batch job this manager runs in, as the batch system's backend names it
@@ -124,6 +127,7 @@ class ManagerConfig:
         drain_before: str | None = None,
         signal_margin: str | None = None,
         order: str = "depth",
+        launch_ahead: bool = True,
         cpus: int | None = None,
         gpus: str | None = None,
         mem: str | None = None,
@@ -219,6 +223,7 @@ class ManagerConfig:
             allocation_end=min(allocs) if allocs else None,
             reserve=drain + margin if allocs else None,
             order="breadth" if order == "breadth" else "depth",
+            launch_ahead=launch_ahead,
             log_format="json" if log_format == "json" else "text",
             verbose=not quiet,
             drain_timeout=parse_duration(drain_timeout, "--drain-timeout"),

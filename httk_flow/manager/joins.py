@@ -15,7 +15,7 @@ from httk_flow.errors import FlowError, TransitionConflict
 from httk_flow.manager.passes import PassContext
 from httk_flow.protocol.children import child_states
 from httk_flow.protocol.crash import crash_point
-from httk_flow.protocol.frames import Joined, Last, LastKind, Snapshot
+from httk_flow.protocol.frames import Frame, Joined, Last, LastKind, Snapshot
 from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.jobs import fail
 from httk_flow.protocol.names import Marker
@@ -176,3 +176,36 @@ def _waiting_marker(ws: Workspace, placement: str, key: str) -> JobHandle | None
             if m is not None and m.key == key:
                 return JobHandle(State.WAITING, placement, m)
     return None
+
+
+def join_context(ws: Workspace, frame: Frame) -> dict[str, object] | None:
+    """For every attempt of the step after a join: each child's label, id, state, path."""
+    ref = frame.snap.join_ref
+    if ref is None:
+        return None
+    try:
+        join = ws.reader.frame(ref).body.join
+        if join is None:
+            return None
+        kids = child_states(
+            ws,
+            frame.placement,
+            frame.key,
+            frame.job,
+            join.act,
+            [label for label, _ in join.children],
+            dict(join.children),
+        )
+    except FlowError:
+        return None
+    return {
+        "children": [
+            {
+                "label": k.label,
+                "id": k.id,
+                "state": k.state.value if k.state else "missing",
+                "path": k.path,
+            }
+            for k in kids
+        ]
+    }

@@ -75,19 +75,20 @@ NOT_FOUND = "not_found"
 NOT_EXECUTABLE = "not_executable"
 EXEC_ERROR = "exec"  # the exec itself failed; its exit status follows (127, 126)
 #: the launcher: open its output files, write context.json if given, enter the workdir,
-#: wait for the gate, then become the program. Before the exec it looks the program up
-#: with the shell's builtins (a file: executable and not a directory; a name: found on
-#: PATH): one that cannot be executed is said in $5 and on stderr, and the launcher exits
-#: 127 or 126 as a shell does (`command exec`: a redirection that fails on the special
-#: builtin exec would end sh at once, with 2). An exec that fails all the same (a #!
-#: interpreter that is missing) is said in $5 by the EXIT trap where the shell runs it
-#: (dash does; bash ends at once), so a program's own exit 127 is never taken for the
-#: launcher's.
+#: wait for the gate (whose line may name the CPUs it holds), then become the program.
+#: Before the exec it looks the program up with the shell's builtins (a file: executable
+#: and not a directory; a name: found on PATH): one that cannot be executed is said in $5
+#: and on stderr, and the launcher exits 127 or 126 as a shell does (`command exec`: a
+#: redirection that fails on the special builtin exec would end sh at once, with 2). An
+#: exec that fails all the same (a #! interpreter that is missing) is said in $5 by the
+#: EXIT trap where the shell runs it (dash does; bash ends at once), so a program's own
+#: exit 127 is never taken for the launcher's.
 _SCRIPT = (
     'command exec >>"$1" 2>>"$2" || exit 126; '
     f'if [ -n "$3" ]; then printf %s "${_CONTEXT_VAR}" >"$3" || exit 126; fi; '
     f'unset {_CONTEXT_VAR}; cd -- "$4" || exit 126; _flow_x=$5; shift 5; '
-    f"read -r _ || exit {GATE_CLOSED}; _flow_w=; "
+    f"read -r _ _flow_c || exit {GATE_CLOSED}; _flow_w=; "
+    f'[ -z "$_flow_c" ] || export {layout.ENV_CPU_LIST}="$_flow_c"; '
     'case $1 in */*) if [ -f "$1" ] && [ -x "$1" ]; then :; elif [ -e "$1" ]; '
     f"then _flow_w={NOT_EXECUTABLE}; else _flow_w={NOT_FOUND}; fi;; "
     f'*) command -v "$1" >/dev/null || _flow_w={NOT_FOUND};; esac; '
@@ -110,10 +111,11 @@ class LaunchedProcess:
     pidfd: int
     returncode: int | None = None
 
-    def open_gate(self) -> bool:
-        """Let the program run; False when the launcher is already gone."""
+    def open_gate(self, cpu_list: str = "") -> bool:
+        """Let the program run; False when the launcher is already gone. `cpu_list`: the
+        CPUs it holds, when they were not known at its launch (launched ahead)."""
         try:
-            os.write(self.gate_fd, b"go\n")
+            os.write(self.gate_fd, f"go {cpu_list}\n".encode() if cpu_list else b"go\n")
             return True
         except BrokenPipeError:
             return False

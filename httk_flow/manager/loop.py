@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from types import FrameType
 
 from httk_flow.errors import FlowError, UsageError
+from httk_flow.manager.ahead import LaunchAhead
 from httk_flow.manager.claim import ClaimPass
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.dependencies import DependencyPass
 from httk_flow.manager.inbox import RequestInbox
 from httk_flow.manager.inventory import detect
-from httk_flow.manager.joins import JoinPass
+from httk_flow.manager.joins import JoinPass, join_context
 from httk_flow.manager.launcher import proc_start_time
 from httk_flow.manager.leftover import EXIT_WORK_LEFT, Leftover, leftover
 from httk_flow.manager.local import LocalAttempts
@@ -30,9 +31,7 @@ from httk_flow.manager.pace import IdlePace
 from httk_flow.manager.passes import PassContext, RecoveryPass, RegisterPass
 from httk_flow.manager.slots import Slots
 from httk_flow.protocol import layout
-from httk_flow.protocol.children import child_states
 from httk_flow.protocol.discovery import any_marker
-from httk_flow.protocol.frames import Frame
 from httk_flow.protocol.leases import (
     FsClock,
     ManagerInfo,
@@ -118,6 +117,12 @@ class Manager:
         )
         inventory = config.inventory or detect(cpus=max(1, config.workers))
         self.slots = Slots(inventory, bind_cpus=config.bind_cpus)
+        # a GPU's variables would have to be chosen at the launch (ahead.py)
+        self.ahead = LaunchAhead(
+            config.workers,
+            enabled=config.launch_ahead and not inventory.gpus,
+            depth_first=config.order == "depth",
+        )
         self.local = LocalAttempts(
             ws,
             self.id,
@@ -126,6 +131,7 @@ class Manager:
             kill_grace=config.kill_grace,
             clock=self.clock,
             slots=self.slots,
+            ahead=self.ahead,
         )
         self.claim = ClaimPass(
             ctx,
@@ -237,6 +243,10 @@ class Manager:
 
     def tick(self) -> TickResult:
         budget = self.config.scan_budget
+        if self.ahead.gated:
+            if self.draining or self.locked():
+                self.local.abandon_all("released: launched ahead, its manager stops claiming")
+            self.local.abandon_stale()
         self.heartbeat()
         # heartbeats are watched every tick, not only when recovery asks: observed silence
         # counts only while this manager is looking (see OwnerOracle._read)
@@ -252,19 +262,28 @@ class Manager:
         actions += self.inbox.sweep(self._mine)
         started = 0
         free = self.config.workers - len(self.local)
+        if free > 0 and self.ahead.gated and not self.draining:
+            # a job launched ahead starts at once, unless a better candidate came meanwhile
+            started = self.local.start_ahead(free, self.claim.best())
+            self.attempts_started += started
+            free -= started
         # every job holds at least one CPU: none free, nothing to look for
         if free > 0 and self.slots.free_cpus and not self.draining and not self.locked():
             for c in self.claim.take(free, budget):
                 if self.draining:
                     self.claim.release(c)
                     continue
-                extra = self._join_context(c.ready_frame)
+                extra = join_context(self.ws, c.ready_frame)
                 if self.local.start(c.handle, c.spec, c.body, extra, c.binding) is not None:
                     started += 1
                     self.attempts_started += 1
                     if self.draining:
                         # a signal during the launch: begin_drain could not see this one
                         self.local.stop(c.handle.key, interrupted=True)
+        room = self.ahead.room(len(self.local))
+        if room and not self.draining and not self.locked():
+            for c in self.claim.take(room, budget, ahead=True):
+                self.local.launch_ahead(c, join_context(self.ws, c.ready_frame))
         finished += self._reap()
         return TickResult(actions + started + finished, started, finished)
 
@@ -284,38 +303,6 @@ class Manager:
             elif st.is_terminal and f.spec.parent is not None:
                 self.joins.child_ended(f.spec.parent.placement, f.spec.parent.key, f.spec.key, st)
         return len(done)
-
-    def _join_context(self, frame: Frame) -> dict[str, object] | None:
-        """For every attempt of the step after a join: each child's label, id, state, path."""
-        ref = frame.snap.join_ref
-        if ref is None:
-            return None
-        try:
-            join = self.ws.reader.frame(ref).body.join
-            if join is None:
-                return None
-            kids = child_states(
-                self.ws,
-                frame.placement,
-                frame.key,
-                frame.job,
-                join.act,
-                [label for label, _ in join.children],
-                dict(join.children),
-            )
-        except FlowError:
-            return None
-        return {
-            "children": [
-                {
-                    "label": k.label,
-                    "id": k.id,
-                    "state": k.state.value if k.state else "missing",
-                    "path": k.path,
-                }
-                for k in kids
-            ]
-        }
 
     # -- the loop ----------------------------------------------------------------
 
@@ -362,7 +349,7 @@ class Manager:
                 result = self.tick()
                 self._report()
                 if self.draining:
-                    if not self.local:
+                    if not self.local and not self.ahead:
                         break
                     if time.monotonic() - self._drain_started > self.config.drain_timeout:
                         self.local.kill_all()
@@ -390,7 +377,7 @@ class Manager:
                     signal.signal(signum, handler)  # type: ignore[arg-type]
             os.close(wake_r)
             os.close(wake_w)
-            if not self.local:
+            if not self.local and not self.ahead:
                 mark_stopped(self.ws, self.id)
             self.heartbeat(force=True)
             self._report(final=True)
@@ -452,7 +439,7 @@ class Manager:
         must also have gone round once since the last action.
         """
         marks = (self.register.stream.cycles, self.claim.stream.cycles, self.joins.stream.cycles)
-        if result.actions or self.local:
+        if result.actions or self.local or self.ahead:
             self._idle_marks = marks
             return False
         if not self._nothing_pending():

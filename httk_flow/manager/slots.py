@@ -152,6 +152,11 @@ class Slots:
             tuple(slots), cpu_ids, tuple(gpus), need.mem, need.custom, self.bind_cpus, tuple(held)
         )
 
+    def stand_in(self) -> Binding:
+        """What a default request holds before its CPU is chosen (launched ahead): its
+        environment names its CPU count, and the gate's line its CPU (launcher.py)."""
+        return Binding((-1,), (), (), 0, (), False, ())
+
     def _cpu_ids(self, slots: list[int]) -> tuple[int, ...]:
         ids = self.inventory.cpu_ids
         if not ids:

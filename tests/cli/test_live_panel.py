@@ -174,13 +174,14 @@ def test_into_a_pipe_a_run_prints_its_transition_lines_as_it_always_did(
 ) -> None:
     ok = write_script(scripts, "ok.sh", "exit 0\n")
     bad = write_script(scripts, "bad.sh", FAIL.replace("sleep 0.3\n", ""))
-    # one worker and distinct priorities: the claims come in one order
+    # one worker and distinct priorities: the claims come in one order (none launched
+    # ahead, which would claim the next job while one runs)
     submit(ws, ok, tag="a", priority=900)
     submit(ws, ok, tag="b", priority=800)
     submit(ws, bad, tag="c", priority=700)
     submit(ws, ok, tag="d", priority=600)
     r = subprocess.run(
-        [*FLOW, "run", "-w", ws, "--workers", "1"],
+        [*FLOW, "run", "-w", ws, "--workers", "1", "--no-launch-ahead"],
         capture_output=True,
         text=True,
         env=env(TERM="xterm-256color"),
@@ -336,7 +337,8 @@ def test_on_a_terminal_a_run_shows_one_live_panel_with_the_failures_above_it(
     pane.start([*FLOW, "run", "-w", ws, "--workers", "2"])
 
     def running(s: str) -> bool:
-        counts = re.search(r"│ \d+ ready   2 running   \d+ succeeded", s)
+        # jobs launched ahead wait claimed beside the two that run
+        counts = re.search(r"│ \d+ ready   (\d+ claimed   )?2 running   \d+ succeeded", s)
         return "RUNNING" in s and bool(ROW.search(s)) and counts is not None
 
     live = pane.wait(running)

@@ -37,7 +37,8 @@ def test_a_waiting_parent_shows_its_join_and_the_end_its_message(
     flow: Flow, scripts: Path, managers: Managers
 ) -> None:
     parent = flow.submit("--tag", "fam", "--retries", "3", write_script(scripts, "f.sh", FAMILY))
-    p = managers.start(flow.root, command="serve", workers=1)
+    # none launched ahead: a child waiting claimed at its gate would be counted so
+    p = managers.start(flow.root, "--no-launch-ahead", command="serve", workers=1)
     # one child runs (and waits), two wait for the one worker
     wait_for(
         lambda: flow.show("fam").get("join", {}).get("running") == 1 or p.poll() is not None, 30

@@ -174,11 +174,13 @@ def test_priority_changes_the_marker_and_a_one_worker_manager_claims_by_it(
     assert flow.marker(jobs["d"]).name.split(".")[1] == "p700"
 
     assert managers.run(flow.root, workers=1) == 0
-    claimed = {
-        t: next(f["t"] for f in flow.history(t) if f["to"] == "claimed")
+    # the order they ran in: one worker runs one at a time, each start a program's run
+    # after the last (a job launched ahead is claimed within a millisecond of another)
+    started = {
+        t: next(f["t"] for f in flow.history(t) if f["to"] == "running")
         for t in ("a", "b", "c", "d")
     }
-    assert sorted(claimed, key=claimed.__getitem__) == ["b", "d", "c", "a"]
+    assert sorted(started, key=started.__getitem__) == ["b", "d", "c", "a"]
 
 
 def test_priority_of_a_submitted_job_applies_before_registration(flow: Flow) -> None:
