@@ -54,7 +54,22 @@ def _run(tree: str, *args: str) -> None:
 
 
 def pool_once(tree: str, ws: str, n: int) -> float:
-    _run(tree, "-w", ws, "submit", "--pool", "A", "--array", f"1-{n}", "/bin/true")
+    # a batch of its own each time: the same command again would complete the first batch
+    # (batches are idempotent) and submit nothing
+    batch = f"pool-a-{time.time_ns()}"
+    _run(
+        tree,
+        "-w",
+        ws,
+        "submit",
+        "--pool",
+        "A",
+        "--batch-id",
+        batch,
+        "--array",
+        f"1-{n}",
+        "/bin/true",
+    )
     wall, _ = _timed(
         _flow(tree, "-w", ws, "run", "--pool", "A", "--workers", "2", "--idle", "0"), _env(tree)
     )
