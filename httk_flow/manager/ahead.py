@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from httk_flow.errors import TransitionConflict
 from httk_flow.manager.attempts import AttemptPlan
+from httk_flow.manager.claim import Sort
 from httk_flow.manager.launcher import LaunchedProcess
 from httk_flow.manager.slots import Binding
 from httk_flow.protocol.frames import Body
@@ -44,8 +45,8 @@ class Gated:
     binding: Binding | None
     #: this host's monotonic clock at its launch (0: launched for a worker free then)
     since: float = 0.0
-    #: its place in the claim order (claim.py's Sort) when it was claimed
-    sort: tuple[int, int, int] = (0, 0, 0)
+    #: its place in the claim order when it was claimed
+    sort: Sort = (0, 0, 0)
 
     @property
     def ahead(self) -> bool:
@@ -65,10 +66,8 @@ class Gated:
         """Close it unopened and its claim goes back to ready, uncharged (nothing to give
         back if it was cancelled meanwhile); raises FlowError when the rename fails."""
         self.close_unopened()
-        snap = self.body.snap
-        body = self.body.carry(snap=snap.but(try_=max(0, snap.try_ - 1)), why=why)
         try:
-            transition(ws, self.claimed, State.READY, body, actor=actor)
+            transition(ws, self.claimed, State.READY, self.body.released(why), actor=actor)
         except TransitionConflict:
             pass
 

@@ -9,7 +9,6 @@ has waited RESERVE_AFTER, and from then on what it needs is kept back as it free
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -221,8 +220,9 @@ class ClaimPass:
     def take(self, n: int, budget: int, *, ahead: bool = False) -> list[Claimed]:
         """Claim up to n jobs that fit; scans at most a few budgets' worth of entries.
 
-        `ahead`: for launching ahead (ahead.py), with nothing free: the best candidates
-        while they ask for the default resources, claimed without a binding."""
+        `ahead`: for launching ahead (ahead.py), with nothing free: of the candidates in
+        hand (no scan), the best while they ask for the default resources, claimed
+        without a binding."""
         out: list[Claimed] = []
         now = self.ctx.clock()
         while self._later and self._later[0][0] <= now:
@@ -231,9 +231,10 @@ class ClaimPass:
         scans = 0
         self.reserving = None
         while len(out) < n:
-            cid, some = self._pick(now, ahead)
+            cid, _ = self._pick(now, ahead)
             if cid is None:
-                if (ahead and some) or scans >= 2 or self.candidates >= CLASS_CAP:
+                # ahead, only candidates in hand: the claims for free workers scan
+                if ahead or scans >= 2 or self.candidates >= CLASS_CAP:
                     break
                 self.refill(budget)
                 scans += 1
@@ -248,9 +249,9 @@ class ClaimPass:
                     self._push(c)
                     break
             self._queued.discard((h.key, h.marker.generation))
-            got = self._claim(h, now, binding)
+            got = self._claim(h, now, binding, c.sort)
             if got is not None:
-                out.append(dataclasses.replace(got, sort=c.sort))
+                out.append(got)
             elif binding is not None and self.slots is not None:
                 self.slots.give(binding)
         return out
@@ -291,7 +292,9 @@ class ClaimPass:
         """Candidates known but not yet claimable (in backoff)."""
         return len(self._later)
 
-    def _claim(self, h: JobHandle, now: float, binding: Binding | None) -> Claimed | None:
+    def _claim(
+        self, h: JobHandle, now: float, binding: Binding | None, sort: Sort
+    ) -> Claimed | None:
         ctx = self.ctx
         if self.ends_at is not None and self._too_long.get(h.key, (0.0, 0.0))[0] > now:
             return None
@@ -338,12 +341,11 @@ class ClaimPass:
                 self.unclaimable.add(h.key)  # a full disk passes; a damaged job does not
             return None
         crash_point("claim.after_claim")
-        return Claimed(claimed, spec, body, frame, binding)
+        return Claimed(claimed, spec, body, frame, binding, sort)
 
     def release(self, c: Claimed) -> None:
         """Give a claim back (drain started between claim and launch)."""
-        snap = c.body.snap
-        body = c.body.carry(snap=snap.but(try_=max(0, snap.try_ - 1)), why="released")
+        body = c.body.released("released")
         try:
             transition(self.ctx.ws, c.handle, State.READY, body, actor=self.ctx.actor)
         except FlowError:

@@ -171,10 +171,7 @@ class Endings:
             raise TransitionConflict("the job's marker is gone", obj=p.claimed.key)
         if now.marker == p.claimed.marker:
             if p.ending is None:
-                body = p.body.carry(
-                    snap=p.body.snap.but(try_=max(0, p.body.snap.try_ - 1)),
-                    why="released: the attempt could not start",
-                )
+                body = p.body.released("released: the attempt could not start")
                 return transition(self.ws, now, State.READY, body, actor=self.actor)
             return self.committer.commit(now, p.spec, p.body, p.ending)
         if now.state is State.COMMITTING and p.ending is not None:

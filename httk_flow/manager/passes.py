@@ -235,8 +235,7 @@ class RecoveryPass:
             proof = proof.but(owner_evidence=owner_evidence, killed=self._killed.pop(h.key, None))
         note = f"owner {owner} {evidence}"
         if h.state is State.CLAIMED:
-            snap = was.snap.but(try_=max(0, was.snap.try_ - 1))
-            body = was.carry(snap=snap, why="released: owner gone", evidence=proof)
+            body = was.released("released: owner gone", evidence=proof)
             transition(ctx.ws, h, State.READY, body, actor=ctx.actor, note=note)
         elif h.state is State.CANCELLING:
             body = was.carry(attempt=att, why="cancelled", evidence=proof)

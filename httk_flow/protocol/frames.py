@@ -125,6 +125,12 @@ class Body:
     def but(self, **changes: Any) -> Body:
         return dataclasses.replace(self, **changes)
 
+    def released(self, why: str, **members: Any) -> Body:
+        """The body of a claim given back to ready before its program ran: uncharged, its
+        try handed back (its attempt number, `tries`, stays used)."""
+        snap = self.snap.but(try_=max(0, self.snap.try_ - 1))
+        return Body(**{"snap": snap, "why": why, **members})
+
     def to_json(self) -> Json:
         d: Json = {}
         self.snap.to_json(d)
