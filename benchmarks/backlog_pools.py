@@ -7,6 +7,7 @@
   beside the ready jobs of another pool (`--pool-b`, made with `flow submit --pool B
   --array 1-N` and registered); reported per tree as the ratio beside / empty, per
   repetition, so the machine's load cancels out.
+  Then the CPU over 20 s of `flow run --pool A --idle 3600` waiting beside them.
 - idle: the CPU of an idle `flow serve --workers 2` over 20 s in a workspace whose jobs all
   finished (`--finished`). Before each side, every emptied state directory is grown again to
   the size the run left it (names made and removed), so both trees start from the same
@@ -117,9 +118,10 @@ def emptied_dirs(ws: str) -> dict[str, int]:
     return out
 
 
-def idle_once(tree: str, ws: str, seconds: float) -> float:
+def idle_once(tree: str, ws: str, seconds: float, *how: str) -> float:
+    """CPU of an idle manager over `seconds` (`flow serve --workers 2`, or `how`)."""
     p = subprocess.Popen(
-        _flow(tree, "-w", ws, "serve", "--workers", "2"),
+        _flow(tree, "-w", ws, *(how or ("serve", "--workers", "2"))),
         env=_env(tree),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -164,6 +166,24 @@ def main() -> None:
                 )
         for name, r in ratios.items():
             print(f"pool {name}: median ratio beside/empty {statistics.median(r):.2f}")
+        # a `flow run` of pool A waiting for work beside the backlog: its idle check looks
+        # at the ready jobs every tick
+        beside: dict[str, list[float]] = {k: [] for k in trees}
+        how = ("run", "--pool", "A", "--workers", "2", "--idle", "3600")
+        for rep in range(a.reps):
+            for name, tree in trees.items():
+                c = idle_once(tree, a.pool_b, a.idle_seconds, *how)
+                beside[name].append(c)
+                print(
+                    f"idle beside rep {rep} {name}: {c:.2f}s CPU in {a.idle_seconds:g}s "
+                    f"(load {load()})",
+                    flush=True,
+                )
+        for name, c in beside.items():
+            print(
+                f"idle beside {name}: median {statistics.median(c):.2f}s CPU per "
+                f"{a.idle_seconds:g}s"
+            )
     if a.finished:
         if a.as_if:
             grow_as_if(a.finished, a.as_if)

@@ -29,6 +29,7 @@ from httk_flow.protocol.counting import (
     _per_directory,
     count_after,
     count_markers,
+    markers_wanted,
     tally_markers,
 )
 from httk_flow.protocol.fsio import FileSystem, set_filesystem
@@ -404,3 +405,102 @@ def test_a_split_walk_left_off_leaves_no_child_behind() -> None:
         [pid] = pids
         with pytest.raises(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)  # reaped
+
+
+# -- markers_wanted: a manager's own markers among many of other pools ------------------
+
+
+def _wanted_reference(
+    ws: Workspace, state: State, prefixes: tuple[str, ...], foreign: set[str]
+) -> Counter[tuple[str, str]]:
+    """(placement, name) of every regular file under the prefixes that parses as a marker
+    of a class not in `foreign`, one parse each."""
+    out: Counter[tuple[str, str]] = Counter()
+    top = ws.state_dir(state)
+    for prefix in prefixes or ("",):
+        for parent, _, files in os.walk(ws.state_dir(state, prefix)):
+            for name in files:
+                if not stat.S_ISREG(os.lstat(os.path.join(parent, name)).st_mode):
+                    continue
+                m = Marker.parse_or_none(name)
+                if m is not None and m.service not in foreign:
+                    placement = os.path.relpath(parent, top)
+                    out[("" if placement == "." else placement, name)] += 1
+    return out
+
+
+def _wanted(
+    ws: Workspace, state: State, prefixes: tuple[str, ...], foreign: set[str]
+) -> Counter[tuple[str, str]]:
+    found = markers_wanted(
+        ws,
+        state,
+        prefixes,
+        lambda name: names.marker_service(name) not in foreign,
+        lambda: foreign,
+    )
+    got = Counter((h.placement, h.marker.name) for h in found)
+    for placement, name in got:
+        assert os.path.isfile(os.path.join(ws.state_dir(state, placement), name))
+    return got
+
+
+def _check_wanted(ws: Workspace, prefixes: tuple[str, ...], foreign: set[str]) -> None:
+    want = _wanted_reference(ws, State.READY, prefixes, foreign)
+    for listing in (contextlib.nullcontext, _by_entry):
+        with listing():
+            assert _wanted(ws, State.READY, prefixes, foreign) == want
+
+
+foreign_classes = st.lists(b36_text, min_size=1, max_size=3).map(set)
+
+
+@given(
+    trees,
+    foreign_classes,
+    st.lists(st.tuples(st.sampled_from(["jobs/ab", "jobs/cd", ""]), st.integers(0, 2))),
+    st.sampled_from([(), ("jobs",), ("jobs/ab", "runs")]),
+)
+def test_markers_wanted_finds_what_one_parse_per_name_does(
+    tree: list[tuple[str, str]],
+    foreign: set[str],
+    others: list[tuple[str, int]],
+    prefixes: tuple[str, ...],
+) -> None:
+    """Whole directories of other classes passed by, mixed ones parsed, stray names and
+    directories named like markers beside them: what is found is what a parse per name
+    finds, listed by name or by entry."""
+    classes = sorted(foreign)
+    with _workspace() as ws:
+        _plant(ws, State.READY, tree)
+        _plant(ws, State.READY, [("jobs/ff", _name(service=c)) for c in classes * 3])
+        _plant(ws, State.READY, [(p, _name(service=classes[i % len(classes)])) for p, i in others])
+        _check_wanted(ws, prefixes, foreign)
+
+
+def test_a_stray_name_with_two_foreign_fields_hides_no_marker() -> None:
+    """The count of fields says 'all foreign' (two in one name, none in the other): the
+    search of whole names does not."""
+    with _workspace() as ws:
+        ours = _name()
+        _plant(ws, State.READY, [("jobs/ab", "x.cq1..cq1.y"), ("jobs/ab", ours)])
+        assert _wanted(ws, State.READY, (), {"q1"}) == {("jobs/ab", ours): 1}
+        _check_wanted(ws, (), {"q1"})
+
+
+def test_a_directory_of_other_classes_is_passed_by_without_a_parse() -> None:
+    """Thousands of another class's markers: no name is looked at one by one."""
+    with _workspace() as ws:
+        _plant(ws, State.READY, [("jobs/ab", _name(service="q1")) for _ in range(2000)])
+        ours = _name(service="q2")
+        _plant(ws, State.READY, [("jobs/cd", ours)])
+        asked: list[str] = []
+
+        def wants(name: str) -> bool:
+            asked.append(name)
+            return names.marker_service(name) != "q1"
+
+        found = list(markers_wanted(ws, State.READY, (), wants, lambda: ["q1"]))
+        assert [h.marker.name for h in found] == [ours]
+        # the directories' names and ours: not one of the 2,000 of class q1
+        assert sorted(asked) == sorted(["jobs", "ab", "cd", ours])

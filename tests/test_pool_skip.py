@@ -14,6 +14,7 @@ from nfs.faultfs import Recorder
 
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
+from httk_flow.ops import steering
 from httk_flow.ops.status import workspace_status
 from httk_flow.protocol import discovery, names
 from httk_flow.protocol.counting import count_markers, tally_markers
@@ -23,7 +24,7 @@ from httk_flow.protocol.fsio import set_filesystem
 from httk_flow.protocol.names import Marker, RecordRef, marker_service, new_id
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import SubmitRequest, Submitter
-from httk_flow.protocol.transition import JobHandle, transition
+from httk_flow.protocol.transition import JobHandle, locate_key, transition
 from httk_flow.protocol.workspace import Workspace
 
 KEY = "a" * 32
@@ -197,4 +198,52 @@ def test_a_manager_of_one_pool_runs_its_jobs_beside_another_pools_backlog(
     assert {h.key for h in walk_all(ws, State.READY)} == theirs
     assert manager.claim.wants_name(next(walk_all(ws, State.READY)).marker.name) is False
     assert names.marker_service(next(walk_all(ws, State.SUCCEEDED)).marker.name) != ""
+    ws.close()
+
+
+def test_an_idle_run_finds_a_job_of_its_pool_among_shards_it_no_longer_lists(
+    tmp_path: Path,
+) -> None:
+    """`flow run --pool A --idle N` beside pool B's ready jobs: its idle check soon stats
+    the shards holding only B's markers instead of listing them. A job of pool A that
+    `flow resume` renames into one of them later (paused -> ready, by the resume itself:
+    no registration to see) still runs, and the run stops idle with nothing left."""
+    ws = Workspace.create(str(tmp_path / "ws"))
+    b_jobs = (SubmitRequest("true", pool="B") for _ in range(40))
+    theirs = [s.key for s in Submitter(ws).submit(b_jobs)]
+    job_id = theirs[0][:2] + new_id()[2:]  # into the shard of one of B's jobs
+    mine = next(iter(Submitter(ws).submit([SubmitRequest("true", pool="A", job_id=job_id)])))
+    held = locate_key(ws, mine.placement, mine.key)
+    assert held is not None and steering.pause(ws, held).after is State.PAUSED
+    manager = Manager(
+        ws,
+        ManagerConfig(
+            workers=2, pools=("A",), exit_when_idle=6.0, poll_interval=0.05, verbose=False
+        ),
+    )
+    shard = ws.state_dir(State.READY, mine.placement)
+    late: dict[str, object] = {}
+
+    def resume_late() -> None:
+        late["settled"] = manager.claim.stream.settled(shard)
+        other = Workspace.open(ws.root)
+        paused = locate_key(other, mine.placement, mine.key)
+        assert paused is not None
+        late["state"] = steering.resume(other, paused).after
+        other.close()
+
+    timer = threading.Timer(3.5, resume_late)
+    watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
+    timer.start()
+    watchdog.start()
+    try:
+        with manager_in_this_process():
+            rc = manager.run(install_signals=False)
+    finally:
+        timer.cancel()
+        watchdog.cancel()
+    assert late == {"settled": True, "state": State.READY}  # into a shard no longer listed
+    assert rc == 0 and not manager._stop_now
+    assert {h.key for h in walk_all(ws, State.SUCCEEDED)} == {mine.key}
+    assert {h.key for h in walk_all(ws, State.READY)} == set(theirs)
     ws.close()

@@ -10,8 +10,10 @@ import pytest
 from helpers import plant_marker
 
 from httk_flow.protocol import discovery
+from httk_flow.protocol.counting import markers_wanted
 from httk_flow.protocol.discovery import RELIST_EVERY, SETTLE, MarkerStream
 from httk_flow.protocol.handles import JobHandle
+from httk_flow.protocol.names import Marker, RecordRef, marker_service, new_id
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -156,3 +158,75 @@ def test_a_directory_with_markers_is_listed_every_cycle(
     stream = _stream(ws, clock)
     for _ in range(RELIST_EVERY + 2):
         assert [x.key for x in _cycle(stream, clock)] == [h.key]
+
+
+def test_a_directory_of_markers_its_filter_refuses_is_remembered_as_empty(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim stream beside another pool's backlog: shards holding only markers of a
+    class it does not serve are stat'ed once confirmed, never retired, and a marker of
+    its own renamed into one is found the next cycle."""
+    _shards(ws)
+    theirs = []
+    for shard in SHARDS:
+        for _ in range(3):
+            m = Marker(new_id(), 500, 1, RecordRef("w0", 0, 0), service="q1")
+            h = JobHandle(State.READY, shard, m)
+            with open(h.path(ws), "xb"):
+                pass
+            theirs.append(h.path(ws))
+    listings, clock = Listings(monkeypatch), Clock()
+    stream = MarkerStream(
+        ws, State.READY, clock=clock, remember=True, names=lambda n: marker_service(n) != "q1"
+    )
+    assert _cycle(stream, clock) == [] and listings.shards() == len(SHARDS)
+    assert _cycle(stream, clock) == [] and listings.shards() == len(SHARDS)  # confirms
+    assert _cycle(stream, clock) == [] and listings.shards() == 0
+    ours = plant_marker(ws, State.READY, SHARDS[4])
+    assert [x.key for x in _cycle(stream, clock)] == [ours.key]
+    assert listings.shards() == 1
+    assert all(os.path.exists(p) for p in theirs)
+
+
+def test_a_look_shares_the_streams_memory_of_directories_holding_nothing_of_ours(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle check looks every tick (counting.markers_wanted): two of its looks SETTLE
+    apart confirm the shards of other pools' markers, later looks and the stream stat
+    them, and a marker of ours renamed into one is found by the next look."""
+    _shards(ws)
+    for shard in SHARDS:
+        m = Marker(new_id(), 500, 1, RecordRef("w0", 0, 0), service="q1")
+        with open(JobHandle(State.READY, shard, m).path(ws), "xb"):
+            pass
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    stream_listings, clock = Listings(monkeypatch), Clock()
+
+    def wants(name: str) -> bool:
+        return marker_service(name) != "q1"
+
+    stream = MarkerStream(ws, State.READY, clock=clock, remember=True, names=wants)
+
+    def look() -> tuple[list[str], int]:
+        listed.clear()
+        found = markers_wanted(ws, State.READY, (), wants, lambda: (), memory=stream)
+        keys = [h.key for h in found]
+        clock.now += SETTLE + 0.1
+        return keys, sum(1 for p in listed if os.path.basename(os.path.dirname(p)) == "jobs")
+
+    assert look() == ([], len(SHARDS))
+    assert look() == ([], len(SHARDS))  # confirms
+    assert look() == ([], 0)
+    assert _cycle(stream, clock) == [] and stream_listings.shards() == 0
+    ours = plant_marker(ws, State.READY, SHARDS[4])
+    assert look() == ([ours.key], 1)
+    # a directory holding one of ours is listed every time
+    for _ in range(3):
+        assert look() == ([ours.key], 1)

@@ -17,8 +17,8 @@ from httk_flow.errors import FlowError, TransitionConflict
 from httk_flow.manager.commit import is_transient
 from httk_flow.manager.passes import PassContext
 from httk_flow.manager.slots import RESERVE_AFTER, Binding, Slots
+from httk_flow.protocol.counting import markers_wanted
 from httk_flow.protocol.crash import crash_point
-from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.frames import AttemptRecord, Body, Frame
 from httk_flow.protocol.jobs import fail, load_spec
 from httk_flow.protocol.jobspec import JobSpec
@@ -125,10 +125,16 @@ class ClaimPass:
             ours = self._ours[cid] = sc.served_by(self.pools, self.caps)
         return ours
 
-    def ready(self, places: tuple[str, ...]) -> Iterator[JobHandle]:
-        """Ready jobs under `places` whose names say they may be ours (see wants_name):
-        what an idle check or a leftover count walks instead of every ready marker."""
-        return walk_all(self.ctx.ws, State.READY, places, names=self.wants_name)
+    def ready(self, places: tuple[str, ...], state: State = State.READY) -> Iterator[JobHandle]:
+        """Ready (or `state`) jobs under `places` whose names say they may be ours (see
+        wants_name): what an idle check walks instead of every ready marker, passing by
+        whole directories of classes known not to be ours with one count per class."""
+        # shares what this pass's own stream knows of directories holding nothing of ours
+        memory = self.stream if state is State.READY else None
+        return markers_wanted(self.ctx.ws, state, places, self.wants_name, self._foreign, memory)
+
+    def _foreign(self) -> list[str]:
+        return [cid for cid, ours in self._ours.items() if not ours]
 
     def serves(self, h: JobHandle) -> bool:
         sc = self.registry.get(h.marker.service)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from httk_flow.manager.claim import ClaimPass
-from httk_flow.protocol.discovery import walk_all
 from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
@@ -90,10 +89,27 @@ def _jobs(n: int, what: str) -> str:
     return f"{n} {what}{'s' * (n != 1)}"
 
 
-def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftover:
-    """What is left under `places` that the claim pass serves but could not take: ready
-    jobs too long for its end or damaged, paused jobs, and joins that cannot be decided
-    (a manager stops idle only once its join scan went round: a join left is stuck)."""
+@dataclass(frozen=True)
+class ReadyLook:
+    """One walk of the ready jobs a manager serves (ClaimPass.ready), made when it has
+    nothing to do: whether one of them is still work for it, and if not, what of them it
+    leaves. An idle `flow run` decides and reports from the same walk."""
+
+    #: a ready job it serves and could take (in backoff, or not yet reached by its scan)
+    pending: bool
+    unfit: int = 0
+    need: float = 0.0
+    unclaimable: int = 0
+    oversize: int = 0
+    oversize_why: str = ""
+    #: the jobs found too long for its end that are still ready
+    still: frozenset[str] = frozenset()
+
+
+def look_ready(claim: ClaimPass, places: tuple[str, ...]) -> ReadyLook:
+    """Whether any ready job under `places` is still work for this manager (it stops at
+    the first), else what is left there that it serves but could not take: jobs too long
+    for its end, damaged, or asking more than it has."""
     unfit, unclaimable, need, oversize, why = 0, 0, 0.0, 0, ""
     still: set[str] = set()
     for h in claim.ready(places):
@@ -109,11 +125,25 @@ def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftov
             unfit += 1
             need = max(need, n)
             still.add(h.key)
-    claim.forget_unfit(still)
-    ours = claim.wants_name  # other pools' paused and waiting jobs pass by their names
-    paused = sum(1 for h in walk_all(ws, State.PAUSED, places, names=ours) if claim.serves(h))
+        else:
+            return ReadyLook(pending=True)
+    return ReadyLook(False, unfit, need, unclaimable, oversize, why, frozenset(still))
+
+
+def leftover(
+    ws: Workspace, claim: ClaimPass, places: tuple[str, ...], ready: ReadyLook | None = None
+) -> Leftover:
+    """What is left under `places` that the claim pass serves but could not take: ready
+    jobs too long for its end or damaged (`ready`: the idle check's own look, else one
+    made now), paused jobs, and joins that cannot be decided (a manager stops idle only
+    once its join scan went round: a join left is stuck)."""
+    if ready is None or ready.pending:
+        ready = look_ready(claim, places)
+    claim.forget_unfit(set(ready.still))
+    # other pools' paused and waiting jobs are passed by their names, as ready ones
+    paused = sum(1 for h in claim.ready(places, State.PAUSED) if claim.serves(h))
     waiting = after = 0
-    for h in walk_all(ws, State.WAITING, places, names=ours):
+    for h in claim.ready(places, State.WAITING):
         if claim.serves(h):
             if h.marker.after:
                 after += 1
@@ -121,4 +151,14 @@ def leftover(ws: Workspace, claim: ClaimPass, places: tuple[str, ...]) -> Leftov
                 waiting += 1
     ends = claim.ends_at
     left = max(0.0, ends - claim.ctx.clock()) if ends is not None else None
-    return Leftover(unfit, need, left, unclaimable, paused, waiting, oversize, why, after)
+    return Leftover(
+        ready.unfit,
+        ready.need,
+        left,
+        ready.unclaimable,
+        paused,
+        waiting,
+        ready.oversize,
+        ready.oversize_why,
+        after,
+    )

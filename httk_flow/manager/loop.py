@@ -23,7 +23,7 @@ from httk_flow.manager.inbox import RequestInbox
 from httk_flow.manager.inventory import detect
 from httk_flow.manager.joins import JoinPass, join_context
 from httk_flow.manager.launcher import proc_start_time
-from httk_flow.manager.leftover import EXIT_WORK_LEFT, Leftover, leftover
+from httk_flow.manager.leftover import EXIT_WORK_LEFT, Leftover, ReadyLook, leftover, look_ready
 from httk_flow.manager.local import LocalAttempts
 from httk_flow.manager.log import ManagerLog, ProgressFeed, Reporter
 from httk_flow.manager.owners import OwnerOracle
@@ -101,6 +101,8 @@ class Manager:
         self.left = Leftover()
         self._lock_checked = -1e18
         self._idle_marks = (0, 0, 0)
+        #: the idle check's last look at the ready jobs (what an idle stop reports)
+        self._looked: ReadyLook | None = None
         self._locked = False
         ctx = PassContext(ws, self.id, self.log, config.placements, self.heartbeat, shared)
         self.ctx = ctx
@@ -460,13 +462,10 @@ class Manager:
         ):
             if any_marker(self.ws, st, self.config.placements):
                 return False
-        return not any(
-            h.key not in self.claim.unclaimable
-            and not self.claim.too_long_for_us(h.key)
-            and self.claim.serves(h)
-            for h in self.claim.ready(self.config.placements)
-        )
+        self._looked = look_ready(self.claim, self.config.placements)
+        return not self._looked.pending
 
     def _leftover(self) -> Leftover:
-        """What is left that this manager serves but could not do (it stops idle)."""
-        return leftover(self.ws, self.claim, self.config.placements)
+        """What is left that this manager serves but could not do (it stops idle): the
+        ready jobs as the idle check that decided it just found them."""
+        return leftover(self.ws, self.claim, self.config.placements, self._looked)

@@ -1,21 +1,27 @@
 """Counting markers by their names, for `flow status` and the manager's tallies: one
 regular-expression search per directory (names.marker_scan), never a call or a parsed
-marker per name. Read-side only; the manager's own scans are discovery.MarkerStream.
+marker per name; and finding a manager's own among many markers of other pools, with
+one string count per directory and class (markers_wanted). Read-side only; the
+manager's own scans are discovery.MarkerStream.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import signal
 import stat
 import threading
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from typing import Final, Generic, TypeVar
 
+from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.fsio import FileSystem, fs
-from httk_flow.protocol.names import NB_CLS_RE, SCAN_SEP, marker_scan
+from httk_flow.protocol.handles import JobHandle
+from httk_flow.protocol.names import NB_CLS_RE, SCAN_SEP, Marker, marker_scan
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -28,15 +34,20 @@ STAT_MAX: Final = 32
 #: few milliseconds) is worth it only with many directories to share
 SPLIT_MIN: Final = 16
 _T = TypeVar("_T")
-#: what a count makes of one directory's names: its result, and how many were markers
-_Scan = Callable[[list[str]], tuple[_T, int]]
+#: what a count makes of one directory's names (the directory, its names): its result,
+#: and how many were markers
+_Scan = Callable[[str, list[str]], tuple[_T, int]]
 
 
 def _per_directory(
-    ws: Workspace, state: State, scan: _Scan[_T], split: bool = False
+    ws: Workspace,
+    state: State,
+    scan: _Scan[_T],
+    split: bool = False,
+    prefixes: tuple[str, ...] = (),
 ) -> Generator[_T, None, None]:
-    """`scan` of the names of each directory under a state kind, a directory at a time (a
-    directory that cannot be listed is passed by).
+    """`scan` of the names of each directory under a state kind (under `prefixes` of it,
+    if any), a directory at a time (a directory that cannot be listed is passed by).
 
     Through the seam (a filesystem model installed for tests), each listing reads the
     entries' types: regular files are scanned, directories walked. On the plain filesystem
@@ -52,7 +63,7 @@ def _per_directory(
     `split`: once SPLIT_MIN directories are pending, a child process walks every other
     one (_Share), where the plain filesystem is read by a process of one thread."""
     plain = type(fs.impl) is FileSystem
-    stack = [ws.state_dir(state)]
+    stack = [ws.state_dir(state, p) for p in prefixes or ("",)]
     share: _Share[_T] | None = None
     try:
         for found in _walk(stack, scan, plain):
@@ -168,7 +179,7 @@ def _by_name(path: str, scan: _Scan[_T]) -> tuple[_T, list[str]] | None:
         names = os.listdir(path)
     except OSError:
         return None
-    found, markers = scan(names)
+    found, markers = scan(path, names)
     subdirs = []
     if markers < len(names):
         others = _not_markers(names, markers)
@@ -221,7 +232,7 @@ def _by_entry(path: str, scan: _Scan[_T], plain: bool) -> tuple[_T, list[str]] |
     subdirs = []
     if len(files) < len(entries):
         subdirs = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
-    return scan(files)[0], subdirs
+    return scan(path, files)[0], subdirs
 
 
 def _texts(names: list[str]) -> Iterator[tuple[str, int]]:
@@ -237,7 +248,7 @@ def _leftover(text: str) -> list[str]:
     return text[1:-1].split(SCAN_SEP) if len(text) > 1 else []
 
 
-def _count(names: list[str]) -> tuple[int, int]:
+def _count(_dir: str, names: list[str]) -> tuple[int, int]:
     scan = marker_scan()
     n = sum(scan.subn("", text)[1] for text, _ in _texts(names))
     return n, n
@@ -253,7 +264,7 @@ def count_markers(ws: Workspace, state: State, *, split: bool = False) -> int:
 def _tally_by(capture: str) -> _Scan[Counter[str]]:
     scan = marker_scan(capture)
 
-    def tally(names: list[str]) -> tuple[Counter[str], int]:
+    def tally(_dir: str, names: list[str]) -> tuple[Counter[str], int]:
         found: Counter[str] = Counter()
         for text, _ in _texts(names):
             got = scan.findall(text)
@@ -296,3 +307,79 @@ def count_after(ws: Workspace, state: State, *, split: bool = False) -> tuple[in
     a state kind, by name, with one search per directory."""
     found = _tally(ws, state, "aft", split)
     return found.total(), found[".a"]
+
+
+@functools.lru_cache(maxsize=8)
+def _of_classes(classes: tuple[str, ...]) -> re.Pattern[str]:
+    """One whole name (of SCAN_SEP-joined names) holding the class field of one of
+    `classes`: a match starts only where a name does."""
+    sep = re.escape(SCAN_SEP)
+    either = "|".join(re.escape(c) for c in classes)
+    return re.compile(f"(?:^|(?<={sep}))[^{sep}]*\\.c(?:{either})\\.[^{sep}]*")
+
+
+def markers_wanted(
+    ws: Workspace,
+    state: State,
+    prefixes: tuple[str, ...],
+    wants: Callable[[str], bool],
+    foreign: Callable[[], Collection[str]],
+    memory: MarkerStream | None = None,
+) -> Iterator[JobHandle]:
+    """The markers of a state kind under `prefixes` whose names `wants` accepts (see
+    names.marker_service), for a manager's look at what is left that it serves.
+
+    `foreign`: service classes known not to be served. A directory whose names all hold
+    the `.cID.` field of one of them is passed by with no call per name (one search of
+    the names joined, after a count of each field says it may be so), so 100,000 ready
+    jobs of another pool cost about what listing them costs.
+
+    `memory`: a remembering stream of the same kind and filter. Directories it knows to
+    hold nothing `wants` accepts, unchanged since, are stat'ed, not listed; what this look
+    lists, it tells the stream (MarkerStream.saw), so looks made often (an idle `flow
+    run --idle N`) soon cost a stat per directory."""
+    cut = len(ws.state_dir(state)) + 1
+    kept = 0  # of the directory scanned last: the names `wants` accepted
+
+    def scan(path: str, names: list[str]) -> tuple[list[JobHandle], int]:
+        nonlocal kept
+        kept = 0
+        classes = sorted(foreign())
+        if classes and names:
+            text = SCAN_SEP.join(names)
+            # the count (cheap) alone cannot tell: a stray name may hold two such fields
+            may = sum(text.count(f".c{cid}.") for cid in classes) >= len(names)
+            if may and _of_classes(tuple(classes)).subn("", text)[1] == len(names):
+                return [], len(names)
+        placement = path[cut:]
+        found, refused = [], 0
+        for name in names:
+            if wants(name):
+                kept += 1
+                marker = Marker.parse_or_none(name)
+                if marker is None:
+                    refused += 1
+                else:
+                    found.append(JobHandle(state, placement, marker))
+        # a name `wants` refuses is of a class not ours: a marker's name, taken for one
+        return found, len(names) - refused
+
+    plain = type(fs.impl) is FileSystem
+    stack = [ws.state_dir(state, p) for p in prefixes or ("",)]
+    roots = set(stack)
+    while stack:
+        path = stack.pop()
+        below = memory is not None and path not in roots
+        if below and memory is not None and memory.settled(path):
+            continue
+        started = memory.now() if memory is not None else 0.0
+        got = _by_name(path, scan) if plain else None
+        if got is None:
+            got = _by_entry(path, scan, plain)
+        if got is None:
+            continue
+        found, subdirs = got
+        if below and memory is not None:
+            memory.saw(path, started, kept=bool(kept or subdirs))
+        yield from found
+        stack.extend(subdirs)

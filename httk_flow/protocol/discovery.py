@@ -44,7 +44,10 @@ def _signature(st: os.stat_result) -> _Signature:
 class _QuietDirs:
     """Directories below a root seen empty twice, SETTLE apart, with the same signature:
     the next cycles stat them (one syscall) instead of listing them (five), until their
-    signature changes. Renaming a name into a directory changes its mtime and ctime."""
+    signature changes. Renaming a name into a directory changes its mtime and ctime.
+
+    Under a names filter "empty" means holding nothing the stream keeps (no subdirectory,
+    no name the filter accepts): a shard full of other pools' markers is stat'ed too."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -67,7 +70,8 @@ class _QuietDirs:
         return False
 
     def empty(self, path: str, listed_at: float, retire: bool) -> None:
-        """`path` was listed (from `listed_at` on) and held nothing."""
+        """`path` was listed (from `listed_at` on) and held nothing kept (`retire`: and
+        nothing at all)."""
         try:
             st = os.lstat(path)
         except OSError:
@@ -94,7 +98,8 @@ class _Walk:
 
     root: str  # absolute directory of the state kind + prefix
     placement: str  # placement of `root`
-    #: [placement, open listing, entries it gave so far, path, when listed] from the root
+    #: [placement, open listing, entries it gave so far, path, when listed, entries kept]
+    #: from the root
     stack: list[list[Any]] = field(default_factory=list)
     finished: int = 0
     started: float = 0.0  # when the current cycle began
@@ -132,7 +137,8 @@ class MarkerStream:
         string search each. `retire`: directories below a root found empty and large are
         removed (fsio.retire_dir, protocol.md §1). `remember`: directories below a root
         found empty and unchanged are stat'ed instead of listed (_QuietDirs), all but every
-        RELIST_EVERY-th cycle: an idle manager's scans cost one syscall per directory."""
+        RELIST_EVERY-th cycle: an idle manager's scans cost one syscall per directory. With
+        `names`, a directory whose names it all refuses counts as empty there."""
         self._quiet = _QuietDirs(clock) if remember else None
         self._names = names
         self._retire = retire
@@ -163,6 +169,24 @@ class MarkerStream:
                 break
         return out
 
+    def settled(self, path: str) -> bool:
+        """Whether a directory below a root is known to hold nothing this stream keeps and
+        is unchanged since (one stat): what a look with the same filter need not list."""
+        return self._quiet is not None and self._quiet.unchanged(path)
+
+    def saw(self, path: str, listed_at: float, kept: bool) -> None:
+        """A look with this stream's filter listed a directory below a root (from
+        `listed_at` on, by this stream's clock): remembered as if the stream had."""
+        if self._quiet is None:
+            return
+        if kept:
+            self._quiet.forget(path)
+        else:
+            self._quiet.empty(path, listed_at, retire=False)
+
+    def now(self) -> float:
+        return self._clock()
+
     @property
     def cycles(self) -> int:
         """Full walks completed by every root (a new stream has done 0)."""
@@ -184,7 +208,7 @@ class MarkerStream:
             if it is None:
                 walk.rest_until = now + self._rest
                 return 0, True
-            walk.stack.append([walk.placement, it, 0, walk.root, now])
+            walk.stack.append([walk.placement, it, 0, walk.root, now, 0])
             walk.started, walk.found = now, 0
         visited = 0
         wanted = self._names
@@ -196,14 +220,16 @@ class MarkerStream:
             entry = next(it, None)
             if entry is None:
                 walk.stack.pop()
-                if not frame[2] and walk.stack:
+                # frame[2]: entries listed; frame[5]: of them kept (not refused by name)
+                if not frame[5] and walk.stack:
+                    retire = self._retire and not frame[2]
                     if quiet is not None:
                         _close(it)
-                        quiet.empty(frame[3], frame[4], self._retire)
-                    elif self._retire:
+                        quiet.empty(frame[3], frame[4], retire)
+                    elif retire:
                         _close(it)
                         retire_dir(frame[3], RETIRE_MIN_BYTES)
-                elif quiet is not None and frame[2]:
+                elif quiet is not None and frame[5]:
                     quiet.forget(frame[3])
                 continue
             frame[2] += 1
@@ -216,6 +242,7 @@ class MarkerStream:
             except OSError:
                 continue
             if is_dir:
+                frame[5] += 1
                 if skip_quiet and quiet is not None and quiet.unchanged(entry.path):
                     continue
                 try:
@@ -233,11 +260,13 @@ class MarkerStream:
                             0,
                             entry.path,
                             self._clock() if quiet is not None else 0.0,
+                            0,
                         ]
                     )
                 continue
             if wanted is not None and not wanted(name):
                 continue
+            frame[5] += 1
             marker = Marker.parse_or_none(name)
             if marker is None or not entry.is_file(follow_symlinks=False):
                 if self._on_bad is not None and not name.startswith("."):
