@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from httk_flow.errors import UsageError
+from httk_flow.errors import InvalidName, UsageError
 from httk_flow.protocol import layout, names
 from httk_flow.protocol.after import After, DependencySets
 from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
@@ -240,6 +240,13 @@ class Submitter:
             placement = None  # each job's own, from its id
         elif req.parent is None:
             placement = names.check_parent_placement(req.placement)
+            if (holder := self.ws.job_holding(placement)) is not None:
+                # flow would take it for that job's child: cancelled with it, and so on
+                raise InvalidName(
+                    f"is within the directory of job {holder}, where flow places only its "
+                    "children; place jobs in a directory of their own",
+                    obj=f"placement {req.placement!r}",
+                )
         else:
             placement = names.check_placement(req.placement)
         return _Checked(shape, program, params, placement)

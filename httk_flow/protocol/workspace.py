@@ -17,7 +17,7 @@ from httk_flow.errors import UnsafePath, UsageError, WorkspaceError
 from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir, real_dir
 from httk_flow.protocol.journal import JournalReader, JournalWriter
-from httk_flow.protocol.names import Marker, new_id
+from httk_flow.protocol.names import KEY_RE, Marker, new_id
 from httk_flow.protocol.states import State
 
 FORMAT_NAME = "httk-flow"
@@ -290,6 +290,17 @@ class Workspace:
 
     def program_path(self, digest: str) -> str:
         return layout.program_path(self.root, digest)
+
+    def job_holding(self, placement: str) -> str | None:
+        """The key of a job whose directory is, or holds, `placement` (its own children's
+        place), found by its job.json; None when no job's directory does."""
+        parts = placement.split("/")
+        for i in range(1, len(parts)):
+            if KEY_RE.fullmatch(parts[i]) and os.path.isfile(
+                layout.job_file(self.job_dir("/".join(parts[:i]), parts[i]))
+            ):
+                return parts[i]
+        return None
 
     def ensure_dir(self, path: str) -> None:
         """mkdir -p, remembered so hot paths pay for it once per directory per process."""

@@ -327,3 +327,25 @@ def test_a_placement_inside_a_jobs_own_entries_is_refused_whole(
             "children are placed inside it by flow)\n"
         )
     assert len(list(Path(ws).glob("jobs/*/*/job.json"))) == 1
+
+
+def test_a_placement_within_another_jobs_directory_is_refused_whole(
+    runner: CliRunner, ws: str, script: str
+) -> None:
+    """Where a job's children live (or below): flow would take the new job for its child,
+    cancelled with it (`flow cancel` takes a job's children along). A directory merely
+    named like a job, holding none, is a placement like any other."""
+    first = submit(runner, ws, "--tag", "relax", script)
+    assert first.exit_code == 0, first.output
+    [job] = Path(ws).glob("jobs/*/relax--*")
+    for where in (f"{job.relative_to(ws)}", f"{job.relative_to(ws)}/more/v1"):
+        r = submit(runner, ws, "--placement", where, script)
+        assert (r.exit_code, r.stdout) == (2, "")
+        assert r.stderr == (
+            f"flow: error: placement '{where}': is within the directory of job {job.name}, "
+            "where flow places only its children; place jobs in a directory of their own\n"
+        )
+    assert len(list(Path(ws).rglob("job.json"))) == 1
+    r = submit(runner, ws, "--placement", f"runs/{job.name}", script)
+    assert r.exit_code == 0, r.output
+    assert len(list(Path(ws).glob(f"runs/{job.name}/*/job.json"))) == 1
