@@ -10,7 +10,7 @@ has waited RESERVE_AFTER, and from then on what it needs is kept back as it free
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
 from httk_flow.errors import FlowError, TransitionConflict
@@ -125,7 +125,7 @@ class ClaimPass:
             ours = self._ours[cid] = sc.served_by(self.pools, self.caps)
         return ours
 
-    def ready(self, places: tuple[str, ...], state: State = State.READY) -> Iterator[JobHandle]:
+    def ours(self, places: tuple[str, ...], state: State = State.READY) -> Iterator[JobHandle]:
         """Ready (or `state`) jobs under `places` whose names say they may be ours (see
         wants_name): what an idle check walks instead of every ready marker, passing by
         whole directories of classes known not to be ours with one count per class."""
@@ -288,7 +288,7 @@ class ClaimPass:
             return 0, None
         return len(self._too_long), max(need for _, need in self._too_long.values())
 
-    def forget_unfit(self, keep: set[str]) -> None:
+    def forget_unfit(self, keep: Collection[str]) -> None:
         """Keep only these keys among the jobs found too long (the others moved on)."""
         for key in [k for k in self._too_long if k not in keep]:
             del self._too_long[key]

@@ -91,7 +91,7 @@ def _jobs(n: int, what: str) -> str:
 
 @dataclass(frozen=True)
 class ReadyLook:
-    """One walk of the ready jobs a manager serves (ClaimPass.ready), made when it has
+    """One walk of the ready jobs a manager serves (ClaimPass.ours), made when it has
     nothing to do: whether one of them is still work for it, and if not, what of them it
     leaves. An idle `flow run` decides and reports from the same walk."""
 
@@ -112,7 +112,7 @@ def look_ready(claim: ClaimPass, places: tuple[str, ...]) -> ReadyLook:
     for its end, damaged, or asking more than it has."""
     unfit, unclaimable, need, oversize, why = 0, 0, 0.0, 0, ""
     still: set[str] = set()
-    for h in claim.ready(places):
+    for h in claim.ours(places):
         if not claim.serves(h):
             too_big = claim.oversize(h)
             if too_big is not None:
@@ -139,11 +139,11 @@ def leftover(
     once its join scan went round: a join left is stuck)."""
     if ready is None or ready.pending:
         ready = look_ready(claim, places)
-    claim.forget_unfit(set(ready.still))
+    claim.forget_unfit(ready.still)
     # other pools' paused and waiting jobs are passed by their names, as ready ones
-    paused = sum(1 for h in claim.ready(places, State.PAUSED) if claim.serves(h))
+    paused = sum(1 for h in claim.ours(places, State.PAUSED) if claim.serves(h))
     waiting = after = 0
-    for h in claim.ready(places, State.WAITING):
+    for h in claim.ours(places, State.WAITING):
         if claim.serves(h):
             if h.marker.after:
                 after += 1

@@ -80,15 +80,30 @@ def _per_directory(
             share.end()  # a walk left off: no child outlives it
 
 
-def _walk(stack: list[str], scan: _Scan[_T], plain: bool) -> Iterator[_T]:
-    """The directories of `stack` and those below them, popped from it."""
+def _walk(
+    stack: list[str],
+    scan: _Scan[_T],
+    plain: bool,
+    memory: MarkerStream | None = None,
+    kept: Callable[[_T], bool] = bool,
+) -> Iterator[_T]:
+    """The directories of `stack` and those below them, popped from it.
+
+    `memory`: a remembering stream of the same kind whose filter `kept` answers for (what
+    a directory's scan found holds a name it keeps). Directories it knows to hold nothing
+    kept, unchanged since, are stat'ed, not listed; what is listed, it is told."""
     while stack:
         path = stack.pop()
+        if memory is not None and memory.settled(path):
+            continue
+        started = memory.now() if memory is not None else 0.0
         got = _by_name(path, scan) if plain else None
         if got is None:
             got = _by_entry(path, scan, plain)
         if got is not None:
             found, subdirs = got
+            if memory is not None:
+                memory.saw(path, started, kept=bool(subdirs) or kept(found))
             yield found
             stack.extend(subdirs)
 
@@ -334,52 +349,33 @@ def markers_wanted(
     the names joined, after a count of each field says it may be so), so 100,000 ready
     jobs of another pool cost about what listing them costs.
 
-    `memory`: a remembering stream of the same kind and filter. Directories it knows to
-    hold nothing `wants` accepts, unchanged since, are stat'ed, not listed; what this look
-    lists, it tells the stream (MarkerStream.saw), so looks made often (an idle `flow
-    run --idle N`) soon cost a stat per directory."""
+    `memory`: a remembering stream of the same kind and filter (_walk), so looks made
+    often (an idle `flow run --idle N`) soon cost a stat per directory."""
     cut = len(ws.state_dir(state)) + 1
-    kept = 0  # of the directory scanned last: the names `wants` accepted
 
-    def scan(path: str, names: list[str]) -> tuple[list[JobHandle], int]:
-        nonlocal kept
-        kept = 0
+    def scan(path: str, names: list[str]) -> tuple[tuple[list[JobHandle], int], int]:
+        """((the markers `wants` accepts, how many names it accepted), markers)"""
         classes = sorted(foreign())
         if classes and names:
             text = SCAN_SEP.join(names)
             # the count (cheap) alone cannot tell: a stray name may hold two such fields
             may = sum(text.count(f".c{cid}.") for cid in classes) >= len(names)
             if may and _of_classes(tuple(classes)).subn("", text)[1] == len(names):
-                return [], len(names)
+                return ([], 0), len(names)
         placement = path[cut:]
-        found, refused = [], 0
+        found, accepted, refused = [], 0, 0
         for name in names:
             if wants(name):
-                kept += 1
+                accepted += 1
                 marker = Marker.parse_or_none(name)
                 if marker is None:
                     refused += 1
                 else:
                     found.append(JobHandle(state, placement, marker))
         # a name `wants` refuses is of a class not ours: a marker's name, taken for one
-        return found, len(names) - refused
+        return (found, accepted), len(names) - refused
 
-    plain = type(fs.impl) is FileSystem
     stack = [ws.state_dir(state, p) for p in prefixes or ("",)]
-    roots = set(stack)
-    while stack:
-        path = stack.pop()
-        below = memory is not None and path not in roots
-        if below and memory is not None and memory.settled(path):
-            continue
-        started = memory.now() if memory is not None else 0.0
-        got = _by_name(path, scan) if plain else None
-        if got is None:
-            got = _by_entry(path, scan, plain)
-        if got is None:
-            continue
-        found, subdirs = got
-        if below and memory is not None:
-            memory.saw(path, started, kept=bool(kept or subdirs))
+    plain = type(fs.impl) is FileSystem
+    for found, _ in _walk(stack, scan, plain, memory, kept=lambda got: got[1] > 0):
         yield from found
-        stack.extend(subdirs)

@@ -170,13 +170,14 @@ class MarkerStream:
         return out
 
     def settled(self, path: str) -> bool:
-        """Whether a directory below a root is known to hold nothing this stream keeps and
-        is unchanged since (one stat): what a look with the same filter need not list."""
+        """Whether a directory is known to hold nothing this stream keeps and is unchanged
+        since (one stat): what a look with the same filter need not list."""
         return self._quiet is not None and self._quiet.unchanged(path)
 
     def saw(self, path: str, listed_at: float, kept: bool) -> None:
-        """A look with this stream's filter listed a directory below a root (from
-        `listed_at` on, by this stream's clock): remembered as if the stream had."""
+        """A look with this stream's filter listed a directory (from `listed_at` on, by
+        this stream's clock): remembered as if the stream had (the stream itself never
+        asks of its roots, which it lists each cycle)."""
         if self._quiet is None:
             return
         if kept:

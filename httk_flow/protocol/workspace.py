@@ -296,7 +296,7 @@ class Workspace:
         place), found by its job.json; None when no job's directory does."""
         parts = placement.split("/")
         for i in range(1, len(parts)):
-            if KEY_RE.fullmatch(parts[i]) and os.path.isfile(
+            if KEY_RE.fullmatch(parts[i]) and fs.exists(
                 layout.job_file(self.job_dir("/".join(parts[:i]), parts[i]))
             ):
                 return parts[i]
