@@ -52,6 +52,21 @@ def test_base36_round_trips_every_non_negative_integer(n: int) -> None:
     assert text == "0" or not text.startswith("0")
 
 
+def test_base36_spells_the_numbers_around_each_digit_boundary() -> None:
+    for k in range(1, 14):
+        for n in (36**k - 1, 36**k, 36**k + 1, 2 * 36**k):
+            assert int(to36(n), 36) == n and not to36(n).startswith("0")
+    assert [to36(n) for n in (0, 9, 10, 35, 36, 1295, 1296)] == [
+        "0",
+        "9",
+        "a",
+        "z",
+        "10",
+        "zz",
+        "100",
+    ]
+
+
 def test_base36_refuses_negative_numbers() -> None:
     with pytest.raises(ValueError):
         to36(-1)
@@ -65,6 +80,12 @@ def test_a_marker_name_round_trips_through_parse_and_format(marker: Marker) -> N
     parsed = Marker.from_name(name)
     assert parsed == marker
     assert parsed.name == name
+    # the parsed ref keeps the text it was read from: the one its fields spell
+    assert (
+        str(parsed.ref)
+        == str(RecordRef(marker.ref.writer, marker.ref.segment, marker.ref.offset))
+        == str(marker.ref)
+    )
     assert Marker.parse_or_none(name) == marker
 
 

@@ -19,7 +19,13 @@ import signal
 from dataclasses import dataclass
 
 from httk_flow.protocol import layout
-from httk_flow.protocol.procs import group_alive, proc_start_time, process_alive
+from httk_flow.protocol.procs import (
+    boot_tick,
+    group_alive,
+    proc_start_time,
+    process_alive,
+    spawned_start_time,
+)
 
 __all__ = [
     "GATE_CLOSED",
@@ -205,6 +211,7 @@ def launch(
         args.append(exec_failure)
     r, w = os.pipe()  # both ends close-on-exec; the read end is dup'ed to the gate's stdin
     actions[0] = (os.POSIX_SPAWN_DUP2, r, 0)
+    before = boot_tick()
     try:
         pid = os.posix_spawn(
             exe,
@@ -224,7 +231,7 @@ def launch(
         pidfd = os.pidfd_open(pid)
     except OSError:
         pidfd = -1
-    return LaunchedProcess(pid, proc_start_time(pid) or 0, w, pidfd)
+    return LaunchedProcess(pid, spawned_start_time(pid, before) or 0, w, pidfd)
 
 
 def read_exec_failure(path: str, returncode: int) -> tuple[str, bool] | None:

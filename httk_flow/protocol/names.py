@@ -57,17 +57,22 @@ MAX_PRIORITY = 999
 DEFAULT_PRIORITY = 500
 
 
+_DIGITS36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+#: every two-digit string, so a name's numbers take half the divisions (hot: markers)
+_PAIRS36 = [a + b for a in _DIGITS36 for b in _DIGITS36]
+
+
 def to36(n: int) -> str:
     """Non-negative int to lower-case base 36."""
-    if n < 0:
-        raise ValueError("negative")
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    if n < 36:
+        if n < 0:
+            raise ValueError("negative")
+        return _DIGITS36[n]
     out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
+    while n >= 36:
+        n, r = divmod(n, 1296)
+        out = _PAIRS36[r] + out
+    return out.lstrip("0") if n == 0 else _DIGITS36[n] + out
 
 
 def from36(s: str) -> int:
@@ -219,6 +224,8 @@ class RecordRef:
     writer: str
     segment: int
     offset: int
+    #: the text, built once: a marker's name and the next frame's `prev` both spell it
+    _text: str = field(default="", init=False, compare=False, repr=False)
 
     @classmethod
     def parse(cls, text: str) -> RecordRef:
@@ -228,7 +235,10 @@ class RecordRef:
         return cls(m.group("writer"), from36(m.group("seg")), from36(m.group("off")))
 
     def __str__(self) -> str:
-        return f"{self.writer}-{to36(self.segment)}-{to36(self.offset)}"
+        if not self._text:
+            text = f"{self.writer}-{to36(self.segment)}-{to36(self.offset)}"
+            object.__setattr__(self, "_text", text)
+        return self._text
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,11 +282,13 @@ class Marker:
             "key", "prio", "gen", "nb", "cls", "grp", "aft", "ref"
         )
         writer, seg, off = ref.split("-")  # the grammar already checked each part
+        rref = RecordRef(writer, int(seg, 36), int(off, 36))
+        object.__setattr__(rref, "_text", ref)  # canonical too: the next frame's `prev`
         marker = cls(
             key,
             int(prio),
             int(gen, 36),
-            RecordRef(writer, int(seg, 36), int(off, 36)),
+            rref,
             int(nb, 36) if nb else 0,
             service or "",
             grp or "",

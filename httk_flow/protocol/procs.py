@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:
@@ -28,6 +29,29 @@ def proc_start_time(pid: int) -> int | None:
         return int(fields[19]) if fields else None
     except (IndexError, ValueError):
         return None
+
+
+#: nanoseconds per clock tick of /proc/PID/stat's start time (USER_HZ)
+_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boot_tick() -> int | None:
+    """Now, in the clock ticks since boot that /proc/PID/stat counts a start time in (the
+    kernel floors the boot-clock nanoseconds of the clone); None where there is no such
+    clock."""
+    if _BOOTTIME is None or not _TICK_NS:
+        return None
+    return time.clock_gettime_ns(_BOOTTIME) // _TICK_NS
+
+
+def spawned_start_time(pid: int, before: int | None) -> int | None:
+    """The start time of a child just spawned, `before` being boot_tick() taken before the
+    spawn: when no tick began during the spawn, the clone's tick is that one, and /proc
+    is not read (an open and a read of a file the kernel writes out: 30 us a job)."""
+    if before is not None and boot_tick() == before:
+        return before
+    return proc_start_time(pid)
 
 
 def _exited(fields: list[bytes]) -> bool:
