@@ -452,7 +452,7 @@ def _check_wanted(ws: Workspace, prefixes: tuple[str, ...], foreign: set[str]) -
             assert _wanted(ws, State.READY, prefixes, foreign) == want
 
 
-foreign_classes = st.lists(b36_text, min_size=1, max_size=3).map(set)
+foreign_classes = st.lists(b36_text | st.just(""), min_size=1, max_size=3).map(set)
 
 
 @given(
@@ -503,4 +503,50 @@ def test_a_directory_of_other_classes_is_passed_by_without_a_parse() -> None:
         found = list(markers_wanted(ws, State.READY, (), wants, lambda: ["q1"]))
         assert [h.marker.name for h in found] == [ours]
         # the directories' names and ours: not one of the 2,000 of class q1
+        assert sorted(asked) == sorted(["jobs", "ab", "cd", ours])
+
+
+def test_a_look_walks_subdirectories_beside_other_pools_markers_whatever_their_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child's placement (a job key) and a placement spelled with a class field of
+    another pool, beside that pool's markers, are subdirectories: walked, not taken for
+    markers. Even where every directory's link count reads 2 (a filesystem that does not
+    count subdirectories so), and the count of names alone would look complete."""
+    with _workspace() as ws:
+        key = names.make_key(names.new_id(), None)
+        theirs = [("jobs/ab", _name()) for _ in range(5)] + [("jobs/ab", _name(service="q1"))]
+        ours = [(f"jobs/ab/{key}", _name(service="q2")), ("jobs/ab/run.cq1.x", _name(service="q2"))]
+        _plant(ws, State.READY, theirs + ours)
+        real = os.lstat
+
+        def two_links(path: str, *args: object, **kw: object) -> os.stat_result:
+            st = real(path, *args, **kw)  # type: ignore[arg-type]
+            if stat.S_ISDIR(st.st_mode):
+                return os.stat_result((st.st_mode, st.st_ino, st.st_dev, 2, *tuple(st)[4:]))
+            return st
+
+        monkeypatch.setattr(os, "lstat", two_links)
+        want = Counter({(p, n): 1 for p, n in ours})
+        for foreign in ({"", "q1"}, {"q1"}):
+            expected = want if "" in foreign else want + Counter(theirs[:5])
+            assert _wanted(ws, State.READY, (), foreign) == expected
+            _check_wanted(ws, (), foreign)
+
+
+def test_a_directory_of_the_default_pools_markers_is_passed_by_without_a_parse() -> None:
+    """For a manager of another pool, the default pool's markers (no class field) are
+    foreign too: a directory of them is passed by with one search, no name looked at."""
+    with _workspace() as ws:
+        _plant(ws, State.READY, [("jobs/ab", _name()) for _ in range(2000)])
+        ours = _name(service="q2")
+        _plant(ws, State.READY, [("jobs/cd", ours)])
+        asked: list[str] = []
+
+        def wants(name: str) -> bool:
+            asked.append(name)
+            return names.marker_service(name) != ""
+
+        found = list(markers_wanted(ws, State.READY, (), wants, lambda: [""]))
+        assert [h.marker.name for h in found] == [ours]
         assert sorted(asked) == sorted(["jobs", "ab", "cd", ours])

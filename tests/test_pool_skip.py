@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import manager_in_this_process, plant_marker
-from nfs.faultfs import Recorder
+from nfs.faultfs import Recorder, StaleDirStats
 
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.loop import Manager
@@ -201,13 +201,14 @@ def test_a_manager_of_one_pool_runs_its_jobs_beside_another_pools_backlog(
     ws.close()
 
 
-def test_an_idle_run_finds_a_job_of_its_pool_among_shards_it_no_longer_lists(
-    tmp_path: Path,
-) -> None:
+def _resumed_into_a_quiet_shard(
+    tmp_path: Path, *, exit_when_idle: float, resume_at: float
+) -> dict[str, object]:
     """`flow run --pool A --idle N` beside pool B's ready jobs: its idle check soon stats
     the shards holding only B's markers instead of listing them. A job of pool A that
-    `flow resume` renames into one of them later (paused -> ready, by the resume itself:
-    no registration to see) still runs, and the run stops idle with nothing left."""
+    `flow resume` renames into one of them at `resume_at` (paused -> ready, by the resume
+    itself: no registration to see) must still run, and the run stop idle with nothing
+    left. What the run saw and left, for the test to check."""
     ws = Workspace.create(str(tmp_path / "ws"))
     b_jobs = (SubmitRequest("true", pool="B") for _ in range(40))
     theirs = [s.key for s in Submitter(ws).submit(b_jobs)]
@@ -215,12 +216,10 @@ def test_an_idle_run_finds_a_job_of_its_pool_among_shards_it_no_longer_lists(
     mine = next(iter(Submitter(ws).submit([SubmitRequest("true", pool="A", job_id=job_id)])))
     held = locate_key(ws, mine.placement, mine.key)
     assert held is not None and steering.pause(ws, held).after is State.PAUSED
-    manager = Manager(
-        ws,
-        ManagerConfig(
-            workers=2, pools=("A",), exit_when_idle=6.0, poll_interval=0.05, verbose=False
-        ),
+    config = ManagerConfig(
+        workers=2, pools=("A",), exit_when_idle=exit_when_idle, poll_interval=0.05, verbose=False
     )
+    manager = Manager(ws, config)
     shard = ws.state_dir(State.READY, mine.placement)
     late: dict[str, object] = {}
 
@@ -232,7 +231,7 @@ def test_an_idle_run_finds_a_job_of_its_pool_among_shards_it_no_longer_lists(
         late["state"] = steering.resume(other, paused).after
         other.close()
 
-    timer = threading.Timer(3.5, resume_late)
+    timer = threading.Timer(resume_at, resume_late)
     watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
     timer.start()
     watchdog.start()
@@ -242,8 +241,36 @@ def test_an_idle_run_finds_a_job_of_its_pool_among_shards_it_no_longer_lists(
     finally:
         timer.cancel()
         watchdog.cancel()
-    assert late == {"settled": True, "state": State.READY}  # into a shard no longer listed
-    assert rc == 0 and not manager._stop_now
-    assert {h.key for h in walk_all(ws, State.SUCCEEDED)} == {mine.key}
-    assert {h.key for h in walk_all(ws, State.READY)} == set(theirs)
+    seen = {
+        **late,
+        "rc": rc,
+        "watchdog": manager._stop_now,
+        "succeeded": {h.key for h in walk_all(ws, State.SUCCEEDED)} == {mine.key},
+        "ready": {h.key for h in walk_all(ws, State.READY)} == set(theirs),
+    }
     ws.close()
+    return seen
+
+
+#: into a shard no longer listed; it ran, the others of B are left; the run stopped idle
+RAN = {"settled": True, "state": State.READY, "rc": 0, "watchdog": False}
+RAN |= {"succeeded": True, "ready": True}
+
+
+def test_an_idle_run_finds_a_job_of_its_pool_among_shards_it_no_longer_lists(
+    tmp_path: Path,
+) -> None:
+    assert _resumed_into_a_quiet_shard(tmp_path, exit_when_idle=6.0, resume_at=3.5) == RAN
+
+
+def test_an_idle_run_lists_every_shard_before_it_stops_where_attributes_are_cached(
+    tmp_path: Path,
+) -> None:
+    """A client of a shared filesystem may cache a directory's attributes for a minute
+    (NFS): a rename into a shard that the idle checks stat, rather than list, goes unseen
+    by the stat. The stop is decided on a listing of every shard: the job resumed into
+    one runs, and the run stops idle with nothing left."""
+    model = StaleDirStats(hold=600.0)
+    set_filesystem(model)
+    assert _resumed_into_a_quiet_shard(tmp_path, exit_when_idle=4.0, resume_at=2.5) == RAN
+    assert model.stale > 0  # a stat answered from the cache after the rename

@@ -125,13 +125,17 @@ class ClaimPass:
             ours = self._ours[cid] = sc.served_by(self.pools, self.caps)
         return ours
 
-    def ours(self, places: tuple[str, ...], state: State = State.READY) -> Iterator[JobHandle]:
+    def ours(
+        self, places: tuple[str, ...], state: State = State.READY, *, fresh: bool = False
+    ) -> Iterator[JobHandle]:
         """Ready (or `state`) jobs under `places` whose names say they may be ours (see
         wants_name): what an idle check walks instead of every ready marker, passing by
-        whole directories of classes known not to be ours with one count per class."""
+        whole directories of classes known not to be ours with one count per class.
+        `fresh`: every directory listed, none taken as remembered (markers_wanted)."""
         # shares what this pass's own stream knows of directories holding nothing of ours
         memory = self.stream if state is State.READY else None
-        return markers_wanted(self.ctx.ws, state, places, self.wants_name, self._foreign, memory)
+        ws, wants = self.ctx.ws, self.wants_name
+        return markers_wanted(ws, state, places, wants, self._foreign, memory, not fresh)
 
     def _foreign(self) -> list[str]:
         return [cid for cid, ours in self._ours.items() if not ours]

@@ -106,13 +106,13 @@ class ReadyLook:
     still: frozenset[str] = frozenset()
 
 
-def look_ready(claim: ClaimPass, places: tuple[str, ...]) -> ReadyLook:
+def look_ready(claim: ClaimPass, places: tuple[str, ...], *, fresh: bool = False) -> ReadyLook:
     """Whether any ready job under `places` is still work for this manager (it stops at
     the first), else what is left there that it serves but could not take: jobs too long
-    for its end, damaged, or asking more than it has."""
+    for its end, damaged, or asking more than it has. `fresh`: ClaimPass.ours."""
     unfit, unclaimable, need, oversize, why = 0, 0, 0.0, 0, ""
     still: set[str] = set()
-    for h in claim.ours(places):
+    for h in claim.ours(places, fresh=fresh):
         if not claim.serves(h):
             too_big = claim.oversize(h)
             if too_big is not None:

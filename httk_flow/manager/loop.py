@@ -32,6 +32,7 @@ from httk_flow.manager.passes import PassContext, RecoveryPass, RegisterPass
 from httk_flow.manager.slots import Slots
 from httk_flow.protocol import layout
 from httk_flow.protocol.discovery import any_marker
+from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.leases import (
     FsClock,
     ManagerInfo,
@@ -103,6 +104,8 @@ class Manager:
         self._idle_marks = (0, 0, 0)
         #: the idle check's last look at the ready jobs (what an idle stop reports)
         self._looked: ReadyLook | None = None
+        #: whether a directory's stat may miss another host's rename into it (NFS)
+        self._stale_stats = fs.caches_attributes(ws.root)
         self._locked = False
         ctx = PassContext(ws, self.id, self.log, config.placements, self.heartbeat, shared)
         self.ctx = ctx
@@ -360,8 +363,12 @@ class Manager:
                     if self._quiet(result):
                         idle_since = idle_since or time.monotonic()
                         if time.monotonic() - idle_since >= self.config.exit_when_idle:
-                            self.left = self._leftover()
-                            break
+                            # the idle checks trusted the stream's memory of directories;
+                            # where a stat may be stale, a stop is decided on listing them
+                            if not self._stale_stats or self._nothing_pending(fresh=True):
+                                self.left = self._leftover()
+                                break
+                            idle_since = None
                     else:
                         idle_since = None
                 if result.actions == 0 or len(self.local) >= self.config.workers:
@@ -450,9 +457,12 @@ class Manager:
             return all(m >= o + 1 for m, o in zip(marks, self._idle_marks, strict=True))
         return True
 
-    def _nothing_pending(self) -> bool:
+    def _nothing_pending(self, *, fresh: bool = False) -> bool:
         """No job is being registered, run or committed anywhere, and none we serve is
-        ready (in backoff or not yet reached by our scan)."""
+        ready (in backoff or not yet reached by our scan). `fresh`: the ready jobs' every
+        directory listed, none taken as remembered unchanged by one stat: a shared
+        filesystem's client may cache a directory's attributes, and miss a rename into
+        it, for a minute (a directory found holding ours is the stream's to list again)."""
         for st in (
             State.SUBMITTED,
             State.CLAIMED,
@@ -462,7 +472,7 @@ class Manager:
         ):
             if any_marker(self.ws, st, self.config.placements):
                 return False
-        self._looked = look_ready(self.claim, self.config.placements)
+        self._looked = look_ready(self.claim, self.config.placements, fresh=fresh)
         return not self._looked.pending
 
     def _leftover(self) -> Leftover:

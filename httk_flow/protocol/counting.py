@@ -8,9 +8,7 @@ manager's own scans are discovery.MarkerStream.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import re
 import signal
 import stat
 import threading
@@ -86,15 +84,17 @@ def _walk(
     plain: bool,
     memory: MarkerStream | None = None,
     kept: Callable[[_T], bool] = bool,
+    trust: bool = True,
 ) -> Iterator[_T]:
     """The directories of `stack` and those below them, popped from it.
 
     `memory`: a remembering stream of the same kind whose filter `kept` answers for (what
     a directory's scan found holds a name it keeps). Directories it knows to hold nothing
-    kept, unchanged since, are stat'ed, not listed; what is listed, it is told."""
+    kept, unchanged since, are stat'ed, not listed (unless not `trust`: every one is
+    listed); what is listed, it is told."""
     while stack:
         path = stack.pop()
-        if memory is not None and memory.settled(path):
+        if trust and memory is not None and memory.settled(path):
             continue
         started = memory.now() if memory is not None else 0.0
         got = _by_name(path, scan) if plain else None
@@ -324,13 +324,11 @@ def count_after(ws: Workspace, state: State, *, split: bool = False) -> tuple[in
     return found.total(), found[".a"]
 
 
-@functools.lru_cache(maxsize=8)
-def _of_classes(classes: tuple[str, ...]) -> re.Pattern[str]:
-    """One whole name (of SCAN_SEP-joined names) holding the class field of one of
-    `classes`: a match starts only where a name does."""
-    sep = re.escape(SCAN_SEP)
-    either = "|".join(re.escape(c) for c in classes)
-    return re.compile(f"(?:^|(?<={sep}))[^{sep}]*\\.c(?:{either})\\.[^{sep}]*")
+def _grammar_count(names: list[str], classes: tuple[str, ...] = ()) -> int:
+    """How many of `names` are markers of the grammar (of `classes`, if given): one
+    search a slice (a name holding a class field may still be a directory's)."""
+    scan = marker_scan(None, classes)
+    return sum(scan.subn("", text)[1] for text, _ in _texts(names))
 
 
 def markers_wanted(
@@ -340,6 +338,7 @@ def markers_wanted(
     wants: Callable[[str], bool],
     foreign: Callable[[], Collection[str]],
     memory: MarkerStream | None = None,
+    trust: bool = True,
 ) -> Iterator[JobHandle]:
     """The markers of a state kind under `prefixes` whose names `wants` accepts (see
     names.marker_service), for a manager's look at what is left that it serves.
@@ -350,32 +349,44 @@ def markers_wanted(
     jobs of another pool cost about what listing them costs.
 
     `memory`: a remembering stream of the same kind and filter (_walk), so looks made
-    often (an idle `flow run --idle N`) soon cost a stat per directory."""
+    often (an idle `flow run --idle N`) soon cost a stat per directory; `trust`: False
+    lists every directory all the same (a look that decides to stop: a shared
+    filesystem's client may cache a directory's attributes, and not see a rename into
+    it, for a minute)."""
     cut = len(ws.state_dir(state)) + 1
 
     def scan(path: str, names: list[str]) -> tuple[tuple[list[JobHandle], int], int]:
         """((the markers `wants` accepts, how many names it accepted), markers)"""
-        classes = sorted(foreign())
+        classes = tuple(sorted(foreign()))
         if classes and names:
+            # the default class has no field to count; else a count (cheap) may rule it
+            # out, but cannot tell alone: a stray name may hold two such fields, and a
+            # directory's name (a placement's) may hold one
             text = SCAN_SEP.join(names)
-            # the count (cheap) alone cannot tell: a stray name may hold two such fields
-            may = sum(text.count(f".c{cid}.") for cid in classes) >= len(names)
-            if may and _of_classes(tuple(classes)).subn("", text)[1] == len(names):
+            may = "" in classes or sum(text.count(f".c{c}.") for c in classes) >= len(names)
+            if may and _grammar_count(names, classes) == len(names):
                 return ([], 0), len(names)
         placement = path[cut:]
-        found, accepted, refused = [], 0, 0
+        found: list[JobHandle] = []
+        accepted = 0
+        others: list[str] = []
         for name in names:
             if wants(name):
                 accepted += 1
                 marker = Marker.parse_or_none(name)
-                if marker is None:
-                    refused += 1
-                else:
+                if marker is not None:
                     found.append(JobHandle(state, placement, marker))
-        # a name `wants` refuses is of a class not ours: a marker's name, taken for one
-        return (found, accepted), len(names) - refused
+            else:
+                others.append(name)
+        # what `wants` refuses is a marker of a class not ours, or no marker at all (a
+        # subdirectory, whose name a placement may spell much as a marker's)
+        return (found, accepted), len(found) + (_grammar_count(others) if others else 0)
 
     stack = [ws.state_dir(state, p) for p in prefixes or ("",)]
     plain = type(fs.impl) is FileSystem
-    for found, _ in _walk(stack, scan, plain, memory, kept=lambda got: got[1] > 0):
+
+    def kept(got: tuple[list[JobHandle], int]) -> bool:
+        return got[1] > 0  # a name the filter accepts
+
+    for found, _ in _walk(stack, scan, plain, memory, kept, trust):
         yield from found

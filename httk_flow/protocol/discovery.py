@@ -60,7 +60,7 @@ class _QuietDirs:
         if rec is None or not rec[2]:
             return False
         try:
-            st = os.lstat(path)
+            st = fs.lstat(path)
         except OSError:
             del self._seen[path]
             return False
@@ -73,7 +73,7 @@ class _QuietDirs:
         """`path` was listed (from `listed_at` on) and held nothing kept (`retire`: and
         nothing at all)."""
         try:
-            st = os.lstat(path)
+            st = fs.lstat(path)
         except OSError:
             self._seen.pop(path, None)
             return

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from httk_flow.errors import UnsafePath
+from httk_flow.protocol import mounts
 
 #: errors a reader retries: the file was replaced under an open handle (NFS ESTALE)
 RETRYABLE_READ_ERRNOS: Final = frozenset({errno.ESTALE})
@@ -50,6 +51,15 @@ class FileSystem:
             except FileExistsError:
                 return False
         return True
+
+    def lstat(self, path: str) -> os.stat_result:
+        """The entry's own attributes (a link is not followed): what a client may cache."""
+        return os.lstat(path)
+
+    def caches_attributes(self, path: str) -> bool:
+        """Whether a directory's attributes read here may lag a rename into it made on
+        another host (mounts.caches_attributes)."""
+        return mounts.caches_attributes(path)
 
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         """The directory's entries, as os.scandir gives them (DirEntry, with close()).
@@ -124,6 +134,12 @@ class _Installed(FileSystem):
 
     def makedirs(self, path: str) -> bool:
         return self.impl.makedirs(path)
+
+    def lstat(self, path: str) -> os.stat_result:
+        return self.impl.lstat(path)
+
+    def caches_attributes(self, path: str) -> bool:
+        return self.impl.caches_attributes(path)
 
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         return self.impl.scandir(path)

@@ -28,7 +28,8 @@ KEY_RE = re.compile(rf"(?:(?P<tag>{_TAG})--)?(?P<id>{_ID})")
 WRITER_RE = re.compile(_WRITER)
 REF_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<seg>{_B36})-(?P<off>{_B36})")
 #: the not-before and class fields, adjacent in a marker name: ready jobs are counted by them
-_NB_CLS = r"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{0,12})|)(?:\.c(?P<cls>[0-9a-z]{1,16})|)"
+_CLS_FIELD = r"(?:\.c(?P<cls>[0-9a-z]{1,16})|)"
+_NB_CLS = rf"(?:\.t(?P<nb>[1-9a-z][0-9a-z]{{0,12}})|){_CLS_FIELD}"
 #: The key tries the untagged form first (with `(?:TAG--)?ID`, the tag's repetition takes
 #: the 32 digits of an untagged key and gives them back one at a time), and an optional
 #: field is `(?:...|)`, not `(?:...)?`: the same language and groups, cheaper to match.
@@ -353,7 +354,7 @@ def marker_service(name: str) -> str:
 
 
 @functools.cache
-def marker_scan(capture: str | None = None) -> re.Pattern[str]:
+def marker_scan(capture: str | None = None, classes: tuple[str, ...] = ()) -> re.Pattern[str]:
     """MARKER_RE for finding the markers among many names with one search, not one match
     per name: the text searched is SCAN_SEP, the names joined by it, and SCAN_SEP again,
     and each match is one whole name of the grammar. No file name holds SCAN_SEP, so no
@@ -364,8 +365,14 @@ def marker_scan(capture: str | None = None) -> re.Pattern[str]:
     name spells them, "" for neither: NB_CLS_RE reads them) or a group of MARKER_RE; None:
     no group. Every class of several ranges also holds NUL, which no file name holds: then
     CPython tests the class as a bitmap, one step per character instead of one per range.
+    `classes`: only the markers whose class is one of these ("": the default, no field).
     Built on first use (most commands never count markers)."""
-    pattern = MARKER_RE.pattern.replace(_NB_CLS, f"(?P<nb_cls>{_NB_CLS})")
+    nb_cls = _NB_CLS
+    if classes:
+        either = "|".join(re.escape(c) for c in classes if c)
+        field = rf"\.c(?P<cls>{either})" if either else ""
+        nb_cls = _NB_CLS.replace(_CLS_FIELD, f"(?:{field}|)" if "" in classes else field)
+    pattern = MARKER_RE.pattern.replace(_NB_CLS, f"(?P<nb_cls>{nb_cls})")
     pattern = re.sub(r"\(\?P<(\w+)>", lambda m: "(" if m[1] == capture else "(?:", pattern)
     for chars in ("0-9a-f", "0-9a-z", "1-9a-z", "a-z0-9"):
         pattern = pattern.replace(f"[{chars}]", f"[\\x00{chars}]")

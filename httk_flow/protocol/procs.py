@@ -45,13 +45,24 @@ def boot_tick() -> int | None:
     return time.clock_gettime_ns(_BOOTTIME) // _TICK_NS
 
 
+#: whether /proc counts start times on the boot clock here: learned at the first spawn
+#: (a kernel emulated in user space may count them otherwise), then trusted or not
+_clock_agrees: bool | None = None
+
+
 def spawned_start_time(pid: int, before: int | None) -> int | None:
     """The start time of a child just spawned, `before` being boot_tick() taken before the
     spawn: when no tick began during the spawn, the clone's tick is that one, and /proc
     is not read (an open and a read of a file the kernel writes out: 30 us a job)."""
-    if before is not None and boot_tick() == before:
-        return before
-    return proc_start_time(pid)
+    global _clock_agrees
+    if before is None or _clock_agrees is False or boot_tick() != before:
+        return proc_start_time(pid)
+    if _clock_agrees is None:
+        read = proc_start_time(pid)
+        if read is not None:
+            _clock_agrees = read == before
+        return read
+    return before
 
 
 def _exited(fields: list[bytes]) -> bool:

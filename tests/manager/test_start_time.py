@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
+from httk_flow.protocol import procs
 from httk_flow.protocol.procs import boot_tick, proc_start_time, spawned_start_time
 
 
@@ -43,3 +46,28 @@ def test_a_tick_begun_during_the_spawn_reads_proc() -> None:
         assert spawned_start_time(pid, None) == proc_start_time(pid)
     finally:
         _end(pid)
+
+
+def test_a_kernel_whose_proc_counts_otherwise_is_read_for_every_spawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first spawn compares the clock with /proc: where they differ (a kernel emulated
+    in user space may count start times otherwise), /proc is read from then on."""
+    monkeypatch.setattr(procs, "_clock_agrees", None)
+    reads: list[int] = []
+
+    def elsewhere(pid: int) -> int | None:
+        reads.append(pid)
+        real = proc_start_time(pid)
+        return None if real is None else real + 7
+
+    monkeypatch.setattr(procs, "proc_start_time", elsewhere)
+    for _ in range(3):
+        before = boot_tick()
+        pid = _spawn_sleeper()
+        try:
+            assert spawned_start_time(pid, before) == elsewhere(pid)
+        finally:
+            _end(pid)
+    assert procs._clock_agrees is False
+    assert len(reads) == 6  # each spawn's, and the test's own

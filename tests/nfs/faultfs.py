@@ -10,7 +10,9 @@ protocol rename, listing and read goes through (httk_flow.protocol.fsio.fs):
 - StaleHandles: the first read of each file fails with ESTALE (the file was replaced under
   our cached handle);
 - LyingRenames: a rename happens, then reports an error (a retransmitted RPC whose first
-  copy succeeded answers ENOENT).
+  copy succeeded answers ENOENT);
+- StaleDirStats: a directory's attributes stay as first read for a while (attribute
+  caching), so its mtime hides a rename into it.
 
 Each model is cooperative (super()), so they combine: `class Both(LateNames, LyingRenames)`.
 A model affects only the process it is installed in: multi-process tests start managers
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -211,3 +214,36 @@ class Recorder(FileSystem):
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         self.listed.append(path)
         return super().scandir(path)
+
+
+class StaleDirStats(FileSystem):
+    """A directory's attributes as first read, for `hold` seconds: a client that caches
+    them (NFS's acdirmin/acdirmax, up to a minute by default) sees no change of its mtime,
+    a rename into it included, until they expire. `stale` counts the answers that were."""
+
+    def __init__(
+        self, *args: object, hold: float = 60.0, clock: Clock = time.monotonic, **kw: object
+    ):
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.hold = hold
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cached: dict[str, tuple[float, os.stat_result]] = {}
+        self.stale = 0
+
+    def caches_attributes(self, path: str) -> bool:
+        return True  # as an NFS client does
+
+    def lstat(self, path: str) -> os.stat_result:
+        st = super().lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            return st
+        now = self._clock()
+        with self._lock:
+            got = self._cached.get(path)
+            if got is None or now - got[0] >= self.hold:
+                self._cached[path] = (now, st)
+                return st
+            if got[1].st_mtime_ns != st.st_mtime_ns:
+                self.stale += 1
+            return got[1]
