@@ -272,5 +272,5 @@ def test_an_idle_run_lists_every_shard_before_it_stops_where_attributes_are_cach
     one runs, and the run stops idle with nothing left."""
     model = StaleDirStats(hold=600.0)
     set_filesystem(model)
-    assert _resumed_into_a_quiet_shard(tmp_path, exit_when_idle=4.0, resume_at=2.5) == RAN
+    assert _resumed_into_a_quiet_shard(tmp_path, exit_when_idle=6.0, resume_at=3.5) == RAN
     assert model.stale > 0  # a stat answered from the cache after the rename
