@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from httk_flow.errors import InvalidName, UsageError
+from httk_flow.errors import UsageError
 from httk_flow.protocol import layout, names
 from httk_flow.protocol.after import After, DependencySets
 from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX
@@ -144,6 +144,8 @@ class Submitter:
         self.found: set[str] = set()
         #: the last service class published and its id
         self._last_service: tuple[tuple[object, ...], str] | None = None
+        #: users' placements found to be the workspace's own directories, none a job's
+        self._placed: set[str] = set()
 
     def build(self, req: SubmitRequest) -> JobSpec:
         """Validate a request into a JobSpec (no file is written)."""
@@ -240,13 +242,11 @@ class Submitter:
             placement = None  # each job's own, from its id
         elif req.parent is None:
             placement = names.check_parent_placement(req.placement)
-            if (holder := self.ws.job_holding(placement)) is not None:
-                # flow would take it for that job's child: cancelled with it, and so on
-                raise InvalidName(
-                    f"is within the directory of job {holder}, where flow places only its "
-                    "children; place jobs in a directory of their own",
-                    obj=f"placement {req.placement!r}",
-                )
+            if placement not in self._placed:
+                self.ws.check_room(placement, f"placement {req.placement!r}")
+                if len(self._placed) >= 4096:
+                    self._placed.clear()  # a bulk submission of many placements
+                self._placed.add(placement)
         else:
             placement = names.check_placement(req.placement)
         return _Checked(shape, program, params, placement)

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from httk_flow.errors import UnsafePath, UsageError, WorkspaceError
+from httk_flow.errors import InvalidName, UnsafePath, UsageError, WorkspaceError
 from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir, real_dir
 from httk_flow.protocol.journal import JournalReader, JournalWriter
@@ -300,6 +300,38 @@ class Workspace:
                 layout.job_file(self.job_dir("/".join(parts[:i]), parts[i]))
             ):
                 return parts[i]
+        return None
+
+    def check_room(self, placement: str, obj: str) -> None:
+        """A user's placement must be the workspace's own directories, none a job's (InvalidName
+        naming `obj` says why not)."""
+        if (link := self.placement_link(placement)) is not None:
+            raise InvalidName(
+                f"passes through the symbolic link {link}; flow places jobs only in the "
+                "workspace's own directories (a link may lead out of it, or into a job's)",
+                obj=obj,
+            )
+        if (holder := self.job_holding(placement)) is not None:
+            # flow would take it for that job's child: cancelled with it, and so on
+            raise InvalidName(
+                f"is within the directory of job {holder}, where flow places only its "
+                "children; place jobs in a directory of their own",
+                obj=obj,
+            )
+
+    def placement_link(self, placement: str) -> str | None:
+        """The first directory of `placement` (relative to the workspace) that is a symbolic
+        link, None when none is: a link may lead out of the workspace, or into a job's own
+        directory. Components not made yet are made as real directories."""
+        path, parts = self.root, placement.split("/")
+        for i, part in enumerate(parts):
+            path = f"{path}/{part}"
+            try:
+                st = fs.lstat(path)
+            except OSError:
+                return None  # not there yet: submission makes it
+            if stat.S_ISLNK(st.st_mode):
+                return "/".join(parts[: i + 1])
         return None
 
     def ensure_dir(self, path: str) -> None:

@@ -349,3 +349,37 @@ def test_a_placement_within_another_jobs_directory_is_refused_whole(
     r = submit(runner, ws, "--placement", f"runs/{job.name}", script)
     assert r.exit_code == 0, r.output
     assert len(list(Path(ws).glob(f"runs/{job.name}/*/job.json"))) == 1
+
+
+def test_a_placement_through_a_symbolic_link_is_refused_whole(
+    runner: CliRunner, ws: str, script: str, tmp_path: Path
+) -> None:
+    """A link in a placement may lead out of the workspace (a manager would refuse to run
+    the job there, after it was written) or into a job's own directory (taken for its
+    child): refused at submission, from a flag or a JSONL line, with nothing written."""
+    first = submit(runner, ws, "--tag", "relax", script)
+    assert first.exit_code == 0, first.output
+    [job] = Path(ws).glob("jobs/*/relax--*")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (Path(ws) / "runs").mkdir()
+    (Path(ws) / "runs" / "into").symlink_to(job)
+    (Path(ws) / "runs" / "out").symlink_to(outside)
+    for where, link in (("runs/into", "runs/into"), ("runs/out/v1", "runs/out")):
+        r = submit(runner, ws, "--placement", where, script)
+        assert (r.exit_code, r.stdout) == (2, "")
+        assert r.stderr == (
+            f"flow: error: placement '{where}': passes through the symbolic link {link}; "
+            "flow places jobs only in the workspace's own directories (a link may lead out "
+            "of it, or into a job's)\n"
+        )
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text('{"placement": "runs/fine"}\n{"placement": "runs/out"}\n')
+    r = submit(runner, ws, "--from", str(lines), script)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr.startswith(f"flow: error: {lines}:2: placement 'runs/out': passes through")
+    assert list(outside.iterdir()) == []
+    assert len(list(Path(ws).rglob("job.json"))) == 1
+    r = submit(runner, ws, "--placement", "runs/real/v1", script)
+    assert r.exit_code == 0, r.output
+    assert len(list(Path(ws).glob("runs/real/v1/*/job.json"))) == 1
