@@ -3,6 +3,7 @@ may trust a directory's stat there (protocol/mounts.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,23 @@ def test_the_longest_mount_point_holding_a_path_gives_its_type(path: str, kind: 
     assert mounts.mount_type(MOUNTINFO, path) == kind
 
 
+def test_a_later_mount_over_a_parent_hides_the_mounts_below_it() -> None:
+    table = "\n".join(
+        [
+            "21 1 8:1 / / rw - ext4 /dev/sda1 rw",
+            "41 21 0:41 / /data/scratch rw - lustre 10.0.0.1@tcp:/fs rw",
+            "40 21 0:40 / /data rw - nfs4 srv:/export rw",
+        ]
+    )
+    assert mounts.mount_type(table, "/data/scratch/ws") == "nfs4"
+
+
+def test_only_a_newline_ends_a_line_of_the_table() -> None:
+    # a mount point may hold a carriage return (the kernel escapes only \n, \t, space, \\)
+    table = "21 1 8:1 / / rw - ext4 /dev/sda1 rw\n40 21 0:40 / /data/a\rb rw - nfs4 srv:/e rw"
+    assert mounts.mount_type(table, "/data/a\rb/ws") == "nfs4"
+
+
 def test_no_mount_holding_the_path_is_unknown() -> None:
     assert mounts.mount_type("40 21 0:40 / /data rw - nfs4 srv:/e rw", "/home") is None
 
@@ -62,6 +80,7 @@ def test_only_network_and_unknown_filesystems_may_answer_a_stat_from_a_cache(
     assert mounts.caches_attributes("/x") is True
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/mountinfo"), reason="Linux's mount table")
 def test_this_machines_test_directory_is_found_in_its_mount_table(tmp_path: Path) -> None:
     kind = mounts.filesystem_type(str(tmp_path))
     assert kind is not None and kind != ""

@@ -105,7 +105,7 @@ class Manager:
         #: the idle check's last look at the ready jobs (what an idle stop reports)
         self._looked: ReadyLook | None = None
         #: whether a directory's stat may miss another host's rename into it (NFS)
-        self._stale_stats = fs.caches_attributes(ws.root)
+        self._stale_stats = fs.caches_attributes(ws.state_root)  # it may be a link elsewhere
         self._locked = False
         ctx = PassContext(ws, self.id, self.log, config.placements, self.heartbeat, shared)
         self.ctx = ctx

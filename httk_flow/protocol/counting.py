@@ -324,10 +324,10 @@ def count_after(ws: Workspace, state: State, *, split: bool = False) -> tuple[in
     return found.total(), found[".a"]
 
 
-def _grammar_count(names: list[str], classes: tuple[str, ...] = ()) -> int:
-    """How many of `names` are markers of the grammar (of `classes`, if given): one
-    search a slice (a name holding a class field may still be a directory's)."""
-    scan = marker_scan(None, classes)
+def _grammar_count(names: list[str], *, unclassed: bool = False) -> int:
+    """How many of `names` are markers of the grammar (of the default class only, if
+    `unclassed`): one search a slice (a name holding a class field may be a directory's)."""
+    scan = marker_scan(None, unclassed=unclassed)
     return sum(scan.subn("", text)[1] for text, _ in _texts(names))
 
 
@@ -357,15 +357,19 @@ def markers_wanted(
 
     def scan(path: str, names: list[str]) -> tuple[tuple[list[JobHandle], int], int]:
         """((the markers `wants` accepts, how many names it accepted), markers)"""
-        classes = tuple(sorted(foreign()))
-        if classes and names:
-            # the default class has no field to count; else a count (cheap) may rule it
-            # out, but cannot tell alone: a stray name may hold two such fields, and a
-            # directory's name (a placement's) may hold one
+        classes = foreign()
+        n = len(names)
+        if classes and n:
+            # among names of the grammar these counts are exact (a marker holds one class
+            # field at most, and its key, other fields and ref hold no ".c<id>."), so the
+            # grammar's search of every name comes last: a stray name may hold two such
+            # fields, a directory's name (a placement's) one
             text = SCAN_SEP.join(names)
-            may = "" in classes or sum(text.count(f".c{c}.") for c in classes) >= len(names)
-            if may and _grammar_count(names, classes) == len(names):
-                return ([], 0), len(names)
+            named = sum(text.count(f".c{c}.") for c in classes if c)
+            if named == n or ("" in classes and named < n):
+                default = _grammar_count(names, unclassed=True) if "" in classes else 0
+                if named + default == n and _grammar_count(names) == n:
+                    return ([], 0), n
         placement = path[cut:]
         found: list[JobHandle] = []
         accepted = 0

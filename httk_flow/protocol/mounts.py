@@ -20,6 +20,11 @@ COHERENT: Final = frozenset(
         "ext3",
         "ext4",
         "xfs",
+        "vfat",
+        "exfat",
+        "ntfs3",
+        "nilfs2",
+        "reiserfs",
         "btrfs",
         "bcachefs",
         "f2fs",
@@ -37,20 +42,25 @@ _OCTAL = re.compile(r"\\([0-7]{3})")
 
 def mount_type(mountinfo: str, path: str) -> str | None:
     """The type of the mount `path` (absolute, resolved) lies on, as /proc/self/mountinfo
-    text gives them: the longest mount point holding it, the later of two at one point
-    (a mount over another). None when no line holds it."""
-    best, kind = -1, None
-    for line in mountinfo.splitlines():
+    text gives them, in the order they were mounted: the longest mount point holding it
+    of those not hidden by a later mount at or above their point. None when none holds it."""
+    seen: list[tuple[str, str]] = []  # (point, type), the visible ones
+    for line in mountinfo.split("\n"):  # only a newline ends a line (others are in names)
         left, sep, right = line.partition(" - ")
         fields = left.split(" ")
-        if not sep or len(fields) < 5 or not right.split(" ")[0]:
+        kind = right.split(" ")[0]
+        if not sep or len(fields) < 5 or not kind:
             continue
         # the kernel escapes space, tab, newline and backslash as three octal digits
         point = _OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4])
-        inside = point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best:
-            best, kind = len(point), right.split(" ")[0]
-    return kind
+        seen = [(p, k) for p, k in seen if not _within(p, point)]
+        seen.append((point, kind))
+    holding = [(len(p), k) for p, k in seen if _within(path, p)]
+    return max(holding)[1] if holding else None
+
+
+def _within(path: str, point: str) -> bool:
+    return point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
 
 
 @functools.lru_cache(maxsize=64)

@@ -354,7 +354,7 @@ def marker_service(name: str) -> str:
 
 
 @functools.cache
-def marker_scan(capture: str | None = None, classes: tuple[str, ...] = ()) -> re.Pattern[str]:
+def marker_scan(capture: str | None = None, *, unclassed: bool = False) -> re.Pattern[str]:
     """MARKER_RE for finding the markers among many names with one search, not one match
     per name: the text searched is SCAN_SEP, the names joined by it, and SCAN_SEP again,
     and each match is one whole name of the grammar. No file name holds SCAN_SEP, so no
@@ -365,13 +365,9 @@ def marker_scan(capture: str | None = None, classes: tuple[str, ...] = ()) -> re
     name spells them, "" for neither: NB_CLS_RE reads them) or a group of MARKER_RE; None:
     no group. Every class of several ranges also holds NUL, which no file name holds: then
     CPython tests the class as a bitmap, one step per character instead of one per range.
-    `classes`: only the markers whose class is one of these ("": the default, no field).
+    `unclassed`: only the markers of the default class (no class field).
     Built on first use (most commands never count markers)."""
-    nb_cls = _NB_CLS
-    if classes:
-        either = "|".join(re.escape(c) for c in classes if c)
-        field = rf"\.c(?P<cls>{either})" if either else ""
-        nb_cls = _NB_CLS.replace(_CLS_FIELD, f"(?:{field}|)" if "" in classes else field)
+    nb_cls = _NB_CLS.replace(_CLS_FIELD, "") if unclassed else _NB_CLS
     pattern = MARKER_RE.pattern.replace(_NB_CLS, f"(?P<nb_cls>{nb_cls})")
     pattern = re.sub(r"\(\?P<(\w+)>", lambda m: "(" if m[1] == capture else "(?:", pattern)
     for chars in ("0-9a-f", "0-9a-z", "1-9a-z", "a-z0-9"):

@@ -33,7 +33,31 @@ def test_the_boot_clock_gives_the_start_time_proc_reports_for_every_spawn() -> N
         finally:
             _end(pid)
     # the clock, not /proc, answered most of them (a spawn takes far less than a tick)
-    assert from_clock > 100
+    assert from_clock > 50
+
+
+def test_once_the_clock_agreed_proc_is_read_only_for_a_spawn_that_spanned_a_tick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(procs, "_clock_agrees", True)
+    reads: list[int] = []
+
+    def counted(pid: int) -> int | None:
+        reads.append(pid)
+        return proc_start_time(pid)
+
+    monkeypatch.setattr(procs, "proc_start_time", counted)
+    spanned = 0
+    for _ in range(50):
+        before = boot_tick()
+        pid = _spawn_sleeper()
+        try:
+            got = spawned_start_time(pid, before)
+            spanned += boot_tick() != before  # at least as many as spanned the spawn
+            assert got == proc_start_time(pid)
+        finally:
+            _end(pid)
+    assert len(reads) <= spanned < 25
 
 
 def test_a_tick_begun_during_the_spawn_reads_proc() -> None:
