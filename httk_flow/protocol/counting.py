@@ -324,10 +324,14 @@ def count_after(ws: Workspace, state: State, *, split: bool = False) -> tuple[in
     return found.total(), found[".a"]
 
 
-def _grammar_count(names: list[str], *, unclassed: bool = False) -> int:
+def _grammar_count(names: list[str], *, unclassed: bool = False, joined: str = "") -> int:
     """How many of `names` are markers of the grammar (of the default class only, if
-    `unclassed`): one search a slice (a name holding a class field may be a directory's)."""
+    `unclassed`): one search a slice (a name holding a class field may be a directory's).
+    `joined`: the names joined by SCAN_SEP already, searched whole when one slice would
+    hold them all."""
     scan = marker_scan(None, unclassed=unclassed)
+    if joined and len(names) <= SCAN_SLICE:
+        return scan.subn("", f"{SCAN_SEP}{joined}{SCAN_SEP}")[1]
     return sum(scan.subn("", text)[1] for text, _ in _texts(names))
 
 
@@ -367,8 +371,8 @@ def markers_wanted(
             text = SCAN_SEP.join(names)
             named = sum(text.count(f".c{c}.") for c in classes if c)
             if named == n or ("" in classes and named < n):
-                default = _grammar_count(names, unclassed=True) if "" in classes else 0
-                if named + default == n and _grammar_count(names) == n:
+                default = _grammar_count(names, unclassed=True, joined=text) if named < n else 0
+                if named + default == n and _grammar_count(names, joined=text) == n:
                     return ([], 0), n
         placement = path[cut:]
         found: list[JobHandle] = []
