@@ -488,21 +488,23 @@ def test_a_stray_name_with_two_foreign_fields_hides_no_marker() -> None:
         _check_wanted(ws, (), {"q1"})
 
 
-def test_a_directory_of_other_classes_is_passed_by_without_a_parse() -> None:
-    """Thousands of another class's markers: no name is looked at one by one."""
+@pytest.mark.parametrize("theirs", ["q1", ""])
+def test_a_directory_of_other_classes_is_passed_by_without_a_parse(theirs: str) -> None:
+    """Thousands of another class's markers, the default class's (no class field)
+    included: no name is looked at one by one."""
     with _workspace() as ws:
-        _plant(ws, State.READY, [("jobs/ab", _name(service="q1")) for _ in range(2000)])
+        _plant(ws, State.READY, [("jobs/ab", _name(service=theirs)) for _ in range(2000)])
         ours = _name(service="q2")
         _plant(ws, State.READY, [("jobs/cd", ours)])
         asked: list[str] = []
 
         def wants(name: str) -> bool:
             asked.append(name)
-            return names.marker_service(name) != "q1"
+            return names.marker_service(name) != theirs
 
-        found = list(markers_wanted(ws, State.READY, (), wants, lambda: ["q1"]))
+        found = list(markers_wanted(ws, State.READY, (), wants, lambda: [theirs]))
         assert [h.marker.name for h in found] == [ours]
-        # the directories' names and ours: not one of the 2,000 of class q1
+        # the directories' names and ours: not one of the 2,000 of the other class
         assert sorted(asked) == sorted(["jobs", "ab", "cd", ours])
 
 
@@ -532,21 +534,3 @@ def test_a_look_walks_subdirectories_beside_other_pools_markers_whatever_their_n
             expected = want if "" in foreign else want + Counter(theirs[:5])
             assert _wanted(ws, State.READY, (), foreign) == expected
             _check_wanted(ws, (), foreign)
-
-
-def test_a_directory_of_the_default_pools_markers_is_passed_by_without_a_parse() -> None:
-    """For a manager of another pool, the default pool's markers (no class field) are
-    foreign too: a directory of them is passed by with one search, no name looked at."""
-    with _workspace() as ws:
-        _plant(ws, State.READY, [("jobs/ab", _name()) for _ in range(2000)])
-        ours = _name(service="q2")
-        _plant(ws, State.READY, [("jobs/cd", ours)])
-        asked: list[str] = []
-
-        def wants(name: str) -> bool:
-            asked.append(name)
-            return names.marker_service(name) != ""
-
-        found = list(markers_wanted(ws, State.READY, (), wants, lambda: [""]))
-        assert [h.marker.name for h in found] == [ours]
-        assert sorted(asked) == sorted(["jobs", "ab", "cd", ours])

@@ -1,7 +1,7 @@
 """Counting markers by their names, for `flow status` and the manager's tallies: one
 regular-expression search per directory (names.marker_scan), never a call or a parsed
 marker per name; and finding a manager's own among many markers of other pools, with
-one string count per directory and class (markers_wanted). Read-side only; the
+a string count per directory and class (markers_wanted). Read-side only; the
 manager's own scans are discovery.MarkerStream.
 """
 
@@ -42,10 +42,9 @@ def _per_directory(
     state: State,
     scan: _Scan[_T],
     split: bool = False,
-    prefixes: tuple[str, ...] = (),
 ) -> Generator[_T, None, None]:
-    """`scan` of the names of each directory under a state kind (under `prefixes` of it,
-    if any), a directory at a time (a directory that cannot be listed is passed by).
+    """`scan` of the names of each directory under a state kind, a directory at a time (a
+    directory that cannot be listed is passed by).
 
     Through the seam (a filesystem model installed for tests), each listing reads the
     entries' types: regular files are scanned, directories walked. On the plain filesystem
@@ -61,7 +60,7 @@ def _per_directory(
     `split`: once SPLIT_MIN directories are pending, a child process walks every other
     one (_Share), where the plain filesystem is read by a process of one thread."""
     plain = type(fs.impl) is FileSystem
-    stack = [ws.state_dir(state, p) for p in prefixes or ("",)]
+    stack = [ws.state_dir(state)]
     share: _Share[_T] | None = None
     try:
         for found in _walk(stack, scan, plain):
@@ -347,10 +346,10 @@ def markers_wanted(
     """The markers of a state kind under `prefixes` whose names `wants` accepts (see
     names.marker_service), for a manager's look at what is left that it serves.
 
-    `foreign`: service classes known not to be served. A directory whose names all hold
-    the `.cID.` field of one of them is passed by with no call per name (one search of
-    the names joined, after a count of each field says it may be so), so 100,000 ready
-    jobs of another pool cost about what listing them costs.
+    `foreign`: service classes known not to be served ("": the default). A directory
+    whose names are all markers of them is passed by with no call per name (a count of
+    each class field in the names joined, then one or two searches of them), so 100,000
+    ready jobs of another pool cost about what listing them costs.
 
     `memory`: a remembering stream of the same kind and filter (_walk), so looks made
     often (an idle `flow run --idle N`) soon cost a stat per directory; `trust`: False

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -12,26 +14,26 @@ from httk_flow.protocol import procs
 from httk_flow.protocol.procs import boot_tick, proc_start_time, spawned_start_time
 
 
-def _spawn_sleeper() -> int:
-    return os.posix_spawn("/bin/sleep", ["sleep", "30"], dict(os.environ))
-
-
-def _end(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+@contextmanager
+def _spawned() -> Iterator[tuple[int, int | None]]:
+    """A child spawned as a manager spawns one, alive throughout: (pid, boot_tick()
+    before its spawn)."""
+    before = boot_tick()
+    pid = os.posix_spawn("/bin/sleep", ["sleep", "30"], dict(os.environ))
+    try:
+        yield pid, before
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def test_the_boot_clock_gives_the_start_time_proc_reports_for_every_spawn() -> None:
     from_clock = 0
     for _ in range(200):
-        before = boot_tick()
-        pid = _spawn_sleeper()
-        try:
+        with _spawned() as (pid, before):
             got = spawned_start_time(pid, before)
             assert got == proc_start_time(pid)
             from_clock += boot_tick() == before == got
-        finally:
-            _end(pid)
     # the clock, not /proc, answered most of them (a spawn takes far less than a tick)
     assert from_clock > 50
 
@@ -49,27 +51,19 @@ def test_once_the_clock_agreed_proc_is_read_only_for_a_spawn_that_spanned_a_tick
     monkeypatch.setattr(procs, "proc_start_time", counted)
     spanned = 0
     for _ in range(50):
-        before = boot_tick()
-        pid = _spawn_sleeper()
-        try:
+        with _spawned() as (pid, before):
             got = spawned_start_time(pid, before)
             spanned += boot_tick() != before  # at least as many as spanned the spawn
             assert got == proc_start_time(pid)
-        finally:
-            _end(pid)
     assert len(reads) <= spanned < 25
 
 
 def test_a_tick_begun_during_the_spawn_reads_proc() -> None:
-    before = boot_tick()
-    assert before is not None
-    pid = _spawn_sleeper()
-    try:
+    with _spawned() as (pid, before):
+        assert before is not None
         # as if the clock had moved on during the spawn: the tick before is not the clone's
         assert spawned_start_time(pid, before - 1) == proc_start_time(pid)
         assert spawned_start_time(pid, None) == proc_start_time(pid)
-    finally:
-        _end(pid)
 
 
 def test_a_kernel_whose_proc_counts_otherwise_is_read_for_every_spawn(
@@ -87,11 +81,7 @@ def test_a_kernel_whose_proc_counts_otherwise_is_read_for_every_spawn(
 
     monkeypatch.setattr(procs, "proc_start_time", elsewhere)
     for _ in range(3):
-        before = boot_tick()
-        pid = _spawn_sleeper()
-        try:
+        with _spawned() as (pid, before):
             assert spawned_start_time(pid, before) == elsewhere(pid)
-        finally:
-            _end(pid)
     assert procs._clock_agrees is False
     assert len(reads) == 6  # each spawn's, and the test's own
