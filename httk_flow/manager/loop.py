@@ -33,6 +33,7 @@ from httk_flow.manager.slots import Slots
 from httk_flow.protocol import layout
 from httk_flow.protocol.discovery import any_marker
 from httk_flow.protocol.fsio import fs
+from httk_flow.protocol.jobs import REGISTER_BATCH
 from httk_flow.protocol.leases import (
     FsClock,
     ManagerInfo,
@@ -259,7 +260,10 @@ class Manager:
         self.inbox.reoffer()
         self.inbox.refresh()
         self.local.check_fenced()
-        actions = self.register.run(budget)
+        # a worker waiting: one batch registered, then the claim, so that the first job starts
+        # after one batch rather than after all those submitted (the rest register as it runs)
+        waiting = len(self.local) < self.config.workers
+        actions = self.register.run(min(budget, REGISTER_BATCH) if waiting else budget)
         actions += self.recovery.run(budget)
         finished = self._reap()
         actions += self.joins.run(budget, busy=bool(self.local))
