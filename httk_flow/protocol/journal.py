@@ -279,15 +279,19 @@ class JournalReader:
 
     def read(self, ref: RecordRef) -> RawFrame:
         """The frame `ref` names as JSON, its members' shapes checked (check_frame)."""
+        frame = self._object(ref)
+        bad = check_frame(frame)
+        if bad:
+            raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}")
+        return frame
+
+    def _object(self, ref: RecordRef) -> RawFrame:
         try:
             frame = orjson.loads(self._pread(ref))
         except orjson.JSONDecodeError as e:
             raise CorruptRecord("journal frame is not valid JSON", obj=f"record {ref}") from e
         if not isinstance(frame, dict):
             raise CorruptRecord("journal frame is not an object", obj=f"record {ref}")
-        bad = check_frame(frame)
-        if bad:
-            raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}")
         return frame
 
     def _pread(self, ref: RecordRef) -> bytes:
@@ -320,9 +324,11 @@ class JournalReader:
         if kept is not None:
             return kept
         try:
-            return Frame.from_json(self.read(ref))
+            # Frame.from_json checks every member check_frame does, so the frame is parsed once
+            return Frame.from_json(self._object(ref))
         except BadFrame as e:
-            raise CorruptRecord(f"journal frame has a bad {e}", obj=f"record {ref}") from None
+            bad = f"member {e.member.split('.')[0]!r}"
+            raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}") from None
 
     def chain(self, ref: RecordRef, *, limit: int = 100_000) -> Iterator[Frame]:
         """Frames from `ref` backwards through `prev`, newest first."""
