@@ -7,8 +7,11 @@ Each repetition runs, in this order: `xargs -P2 bash -c true`, bash-API no-op jo
 tree; every flow side is `flow submit --array 1-N` then `flow run --workers 2` to idle in a
 fresh workspace. Reported per side: the median rate, CPU per job (the whole process tree,
 from wait4), the manager's own share of it (its getrusage(RUSAGE_SELF) at exit), and
-inodes left per job by the run (after submission); and the median of the per-repetition
-ratios, so that a shared machine's load cancels out (docs/benchmarks.md).
+inodes left per job by the run (after submission), the seconds from the start of `flow
+run` to its first attempt's start and the steady rate from then to the last job's end (from
+the journal's frames: what a longer run tends to, without the fixed costs of a process
+start); and the median of the per-repetition ratios, so that a shared machine's load
+cancels out (docs/benchmarks.md).
 
 Both trees are byte-compiled first (compileall), as an installed package is: with
 PYTHONDONTWRITEBYTECODE set, an uncompiled tree would compile its modules at every
@@ -18,6 +21,8 @@ start, a fixed cost of about 0.1 s of CPU per `flow run` that no installation pa
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import os
 import shutil
 import statistics
@@ -29,7 +34,9 @@ from collections.abc import Callable
 
 from programs import FLOW_API1 as API  # the standard no-op bash-API program
 
-Point = tuple[float, float, float, float]  # jobs/s, CPU ms/job, manager CPU ms/job, inodes/job
+#: jobs/s, CPU ms/job, manager CPU ms/job, inodes/job, seconds to the first start, and
+#: jobs/s from the first start to the last end (the steady rate, without the fixed costs)
+Point = tuple[float, float, float, float, float, float]
 
 #: `flow ...` in-process, writing the manager's own CPU seconds (RUSAGE_SELF: not its
 #: children) to the file named first
@@ -59,6 +66,21 @@ def _entries(path: str) -> int:
     return sum(len(ds) + len(fs) for _, ds, fs in os.walk(path))
 
 
+def _span(ws: str) -> tuple[float, float]:
+    """The wall-clock times of the first move to running and the last to succeeded, read
+    from the journal's frames (their `t`)."""
+    starts, ends = [], []
+    for seg in glob.glob(os.path.join(ws, ".flow", "journal", "*", "*.jsonl")):
+        with open(seg, "rb") as fh:
+            for line in fh:
+                frame = json.loads(line)
+                if frame.get("to") == "running":
+                    starts.append(frame["t"])
+                elif frame.get("to") == "succeeded":
+                    ends.append(frame["t"])
+    return min(starts), max(ends)
+
+
 def flow_side(tree: str, program: str, n: int, tmp: str) -> Point:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
     # -P: not the current directory first on sys.path, which would shadow PYTHONPATH's tree
@@ -77,17 +99,26 @@ def flow_side(tree: str, program: str, n: int, tmp: str) -> Point:
     before = _entries(ws)
     own = os.path.join(d, "manager-cpu")
     run = [sys.executable, "-P", "-c", _SELF_CPU, own, "-w", ws, "run", "--workers", "2"]
+    began = time.time()
     secs, cpu = _timed([*run, "--quiet"], env, cwd=d)
+    first, last = _span(ws)
     with open(own) as fh:
         manager = float(fh.read())
     left = _entries(ws) - before
     shutil.rmtree(d)
-    return n / secs, cpu / n * 1000, manager / n * 1000, left / n
+    return (
+        n / secs,
+        cpu / n * 1000,
+        manager / n * 1000,
+        left / n,
+        first - began,
+        (n - 1) / (last - first),
+    )
 
 
 def xargs_side(shell: str, n: int) -> Point:
     secs, cpu = _timed(["sh", "-c", f"seq {n} | xargs -P2 -n1 {shell} -c true"], dict(os.environ))
-    return n / secs, cpu / n * 1000, 0.0, 0.0
+    return n / secs, cpu / n * 1000, 0.0, 0.0, 0.0, n / secs
 
 
 def main() -> None:
@@ -123,12 +154,15 @@ def main() -> None:
     loads.append(os.getloadavg()[0])
     print(
         f"{'side':26s} {'jobs/s':>8s} {'CPU ms/job':>11s} {'manager':>8s} {'jobs':>6s}"
-        f" {'inodes/job':>11s}"
+        f" {'inodes/job':>11s} {'start s':>8s} {'steady/s':>9s}"
     )
     for name, pts in got.items():
-        rate, cpu, manager, inodes = (statistics.median(p[i] for p in pts) for i in range(4))
+        rate, cpu, manager, inodes, start, steady = (
+            statistics.median(p[i] for p in pts) for i in range(6)
+        )
         print(
-            f"{name:26s} {rate:8.0f} {cpu:11.2f} {manager:8.2f} {cpu - manager:6.2f} {inodes:11.2f}"
+            f"{name:26s} {rate:8.0f} {cpu:11.2f} {manager:8.2f} {cpu - manager:6.2f}"
+            f" {inodes:11.2f} {start:8.3f} {steady:9.0f}"
         )
     pairs = [
         ("base: bash-API jobs", "xargs -P2 bash -c true"),
@@ -140,7 +174,8 @@ def main() -> None:
     ]
     for a, b in pairs:
         r = statistics.median(x[0] / y[0] for x, y in zip(got[a], got[b], strict=True))
-        print(f"{a} / {b}: {r:.2f}x")
+        steady = statistics.median(x[5] / y[5] for x, y in zip(got[a], got[b], strict=True))
+        print(f"{a} / {b}: {r:.2f}x (steady rates: {steady:.2f}x)")
     print(f"load average: {' '.join(f'{x:.2f}' for x in loads)}")
 
 
