@@ -262,7 +262,7 @@ class Manager:
         self.local.check_fenced()
         # a worker waiting: one batch registered, then the claim, so that the first job starts
         # after one batch rather than after all those submitted (the rest register as it runs)
-        waiting = len(self.local) < self.config.workers
+        waiting = len(self.local) < self.config.workers and self.slots.free_cpus > 0
         actions = self.register.run(min(budget, REGISTER_BATCH) if waiting else budget)
         actions += self.recovery.run(budget)
         finished = self._reap()
