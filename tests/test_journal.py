@@ -10,8 +10,10 @@ import orjson
 import pytest
 
 from httk_flow.errors import CorruptRecord, FlowError
+from httk_flow.protocol.frames import Body, Frame, Snapshot
 from httk_flow.protocol.journal import JournalReader, JournalWriter, iter_segment, segment_name
 from httk_flow.protocol.names import RecordRef
+from httk_flow.protocol.states import State
 
 
 @pytest.fixture
@@ -405,3 +407,43 @@ def test_a_failed_append_that_cannot_be_cut_alone_is_left_behind_a_fresh_segment
     assert after.segment == 1, "appended behind a half frame it could not take back"
     r = JournalReader(journal)
     assert (r.read(ok), r.read(after)) == ({"i": 0}, {"i": 2})
+
+
+@pytest.mark.parametrize(
+    ("change", "member"),
+    [
+        ({"job": 5}, "job"),
+        ({"to": "flying"}, "to"),
+        ({"gen": -1}, "gen"),
+        ({"t": "noon"}, "t"),
+        ({"prev": 7}, "prev"),
+        ({"attempt": {"n": "one"}}, "attempt"),
+        ({"try": -1}, "try"),
+    ],
+)
+def test_a_frame_read_as_one_says_what_a_raw_read_says_of_a_bad_member(
+    journal: str, change: dict[str, object], member: str
+) -> None:
+    # frame() parses once, trusting Frame.from_json to refuse what check_frame refuses
+    good = Frame(
+        job="j" * 32,
+        key="j" * 32,
+        placement="jobs/jj",
+        source=State.READY,
+        to=State.CLAIMED,
+        gen=2,
+        prev=None,
+        t=1.5,
+        by="m1",
+        body=Body(Snapshot(step="main")),
+    ).to_json()
+    w = _writer(journal)
+    ok, bad = w.append(good), w.append({**good, **change})
+    r = JournalReader(journal)
+    assert r.frame(ok).to_json() == good
+    with pytest.raises(CorruptRecord) as raw:
+        r.read(bad)
+    with pytest.raises(CorruptRecord) as parsed:
+        r.frame(bad)
+    assert str(parsed.value) == str(raw.value)
+    assert f"journal frame has a bad member {member!r}" in str(parsed.value)
