@@ -22,6 +22,11 @@ class BadFrame(ValueError):
         super().__init__(f"member {member!r}")
         self.member = member
 
+    @property
+    def top(self) -> str:
+        """What a reader says of it: the top-level member (`attempt` for `attempt.n`)."""
+        return f"member {self.member.split('.')[0]!r}"
+
 
 def get_int(d: Mapping[str, Any], k: str, default: int | None = None) -> int:
     v = d.get(k)

@@ -262,7 +262,7 @@ def check_frame(d: Mapping[str, Any]) -> str | None:
         opt_number(d, "t")
         Body.from_json(d)
     except BadFrame as e:
-        return f"member {e.member.split('.')[0]!r}"
+        return e.top
     return None
 
 

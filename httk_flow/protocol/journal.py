@@ -327,8 +327,7 @@ class JournalReader:
             # Frame.from_json checks every member check_frame does, so the frame is parsed once
             return Frame.from_json(self._object(ref))
         except BadFrame as e:
-            bad = f"member {e.member.split('.')[0]!r}"
-            raise CorruptRecord(f"journal frame has a bad {bad}", obj=f"record {ref}") from None
+            raise CorruptRecord(f"journal frame has a bad {e.top}", obj=f"record {ref}") from None
 
     def chain(self, ref: RecordRef, *, limit: int = 100_000) -> Iterator[Frame]:
         """Frames from `ref` backwards through `prev`, newest first."""
