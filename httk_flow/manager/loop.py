@@ -254,6 +254,14 @@ class Manager:
                 self.local.abandon_all("released: launched ahead, its manager stops claiming")
             self.local.abandon_stale()
         self.heartbeat()
+        # first what ended, and jobs launched ahead into the workers it freed (unless a
+        # better candidate came meanwhile): a worker waits for nothing else this tick does
+        finished = self._reap()
+        started = 0
+        free = self.config.workers - len(self.local)
+        if free > 0 and self.ahead.gated and not self.draining:
+            started = self.local.start_ahead(free, self.claim.best())
+            self.attempts_started += started
         # heartbeats are watched every tick, not only when recovery asks: observed silence
         # counts only while this manager is looking (see OwnerOracle._read)
         self.oracle.managers()
@@ -265,17 +273,10 @@ class Manager:
         waiting = len(self.local) < self.config.workers and self.slots.free_cpus > 0
         actions = self.register.run(min(budget, REGISTER_BATCH) if waiting else budget)
         actions += self.recovery.run(budget)
-        finished = self._reap()
         actions += self.joins.run(budget, busy=bool(self.local))
         actions += self.dependencies.run()
         actions += self.inbox.sweep(self._mine)
-        started = 0
         free = self.config.workers - len(self.local)
-        if free > 0 and self.ahead.gated and not self.draining:
-            # a job launched ahead starts at once, unless a better candidate came meanwhile
-            started = self.local.start_ahead(free, self.claim.best())
-            self.attempts_started += started
-            free -= started
         # every job holds at least one CPU: none free, nothing to look for
         if free > 0 and self.slots.free_cpus and not self.draining and not self.locked():
             for c in self.claim.take(free, budget):
