@@ -19,7 +19,6 @@ from typing import Any
 
 from httk_flow.cli.app import App
 from httk_flow.manager.log import Progress
-from httk_flow.ops.status import StatusReport, Throughput
 from httk_flow.protocol.durations import format_duration
 from httk_flow.protocol.states import State
 
@@ -69,6 +68,10 @@ class LivePanel:
         #: writing to the terminal: a line that comes meanwhile (from a signal handler)
         #: waits for the next write rather than land inside this one
         self._writing = False
+        # here, as rich below: a manager off a terminal never imports them (ops.status is
+        # about 9 ms of every `flow run` start)
+        from httk_flow.ops.status import Throughput
+
         self._pace = Throughput(window=PACE_WINDOW)
 
     # -- the Reporter ---------------------------------------------------------------
@@ -83,6 +86,8 @@ class LivePanel:
     def progress(self, progress: Progress) -> None:
         if self._done:
             return
+        from httk_flow.ops.status import StatusReport
+
         report = StatusReport(progress.workspace, dict(progress.counts), [], [])
         self._pace.add(report, progress.elapsed)
         drawn = view(
