@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,7 +21,6 @@ import orjson
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.protocol import layout, names
 from httk_flow.protocol.fsio import atomic_write
-from httk_flow.protocol.procs import hostname
 from httk_flow.protocol.workspace import Workspace
 
 #: the namespace of batch job ids: uuid5(NS, "<batch id>/<index>") (protocol.md §6)
@@ -135,5 +135,5 @@ def new_record(batch: str, digest: str, total: int) -> BatchRecord:
         digest=digest,
         total=total,
         created=round(time.time(), 3),
-        by=f"{user}@{hostname()}",
+        by=f"{user}@{socket.gethostname()}",
     )

@@ -6,12 +6,6 @@ import os
 import time
 
 
-def hostname() -> str:
-    """This host's name, as gethostname(2) gives it (the kernel's node name): without the
-    socket module, which every command would otherwise import for it."""
-    return os.uname().nodename
-
-
 def _stat_fields(pid: int) -> list[bytes] | None:
     # os.open/os.read: three system calls, where a buffered open() makes six
     try:

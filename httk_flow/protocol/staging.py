@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 from dataclasses import dataclass
 
-from httk_flow.protocol.procs import hostname, proc_start_time, process_alive
+from httk_flow.protocol.procs import proc_start_time, process_alive
 
 #: a staging directory (or other temporary) younger than this may belong to a live
 #: submitter on another host: only past it is it anybody's to remove
@@ -35,7 +36,7 @@ def _own() -> tuple[int, str]:
     global _OWN
     pid = os.getpid()
     if _OWN is None or _OWN[0] != pid:
-        _OWN = (pid, f"{pid}-{proc_start_time(pid) or 0}@{_host_word(hostname())}")
+        _OWN = (pid, f"{pid}-{proc_start_time(pid) or 0}@{_host_word(socket.gethostname())}")
     return _OWN
 
 
@@ -67,7 +68,7 @@ def parse_staging(name: str) -> Staging | None:
 def maker_gone(st: Staging) -> bool:
     """Whether the submitter that made it is provably gone: it was made on this host and
     that process (pid and start time) no longer runs. Unknown makers are never gone."""
-    if st.pid is None or st.host != _host_word(hostname()):
+    if st.pid is None or st.host != _host_word(socket.gethostname()):
         return False
     return not process_alive(st.pid, st.start_time or None)
 

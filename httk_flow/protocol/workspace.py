@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -17,7 +18,6 @@ from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir, real_dir
 from httk_flow.protocol.journal import JournalReader, JournalWriter
 from httk_flow.protocol.names import KEY_RE, Marker, new_id
-from httk_flow.protocol.procs import hostname
 from httk_flow.protocol.states import State
 
 FORMAT_NAME = "httk-flow"
@@ -184,7 +184,7 @@ class Workspace:
         self.managers = layout.managers_dir(root)
         self.requests = layout.requests_dir(root)
         self.journal_dir = layout.journal_dir(root)
-        self.host = hostname()
+        self.host = socket.gethostname()
         self._writer: JournalWriter | None = None
         self._reader: JournalReader | None = None
         self._known_dirs: set[str] = set()
