@@ -254,20 +254,21 @@ class Manager:
                 self.local.abandon_all("released: launched ahead, its manager stops claiming")
             self.local.abandon_stale()
         self.heartbeat()
-        # first what ended, and jobs launched ahead into the workers it freed (unless a
-        # better candidate came meanwhile): a worker waits for nothing else this tick does
+        # heartbeats are watched every tick, not only when recovery asks: observed silence
+        # counts only while this manager is looking (see OwnerOracle._read)
+        self.oracle.managers()
+        # requests before the reap: one made before an attempt ended applies at its commit
+        self.inbox.reoffer()
+        self.inbox.refresh()
+        self.local.check_fenced()
+        # then what ended, and jobs launched ahead into the workers it freed (unless a better
+        # candidate came meanwhile), before registration and recovery, which may take long
         finished = self._reap()
         started = 0
         free = self.config.workers - len(self.local)
         if free > 0 and self.ahead.gated and not self.draining:
             started = self.local.start_ahead(free, self.claim.best())
             self.attempts_started += started
-        # heartbeats are watched every tick, not only when recovery asks: observed silence
-        # counts only while this manager is looking (see OwnerOracle._read)
-        self.oracle.managers()
-        self.inbox.reoffer()
-        self.inbox.refresh()
-        self.local.check_fenced()
         # a worker waiting: one batch registered, then the claim, so that the first job starts
         # after one batch rather than after all those submitted (the rest register as it runs)
         waiting = len(self.local) < self.config.workers and self.slots.free_cpus > 0
