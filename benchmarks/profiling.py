@@ -41,6 +41,7 @@ from compare import group_syscalls, strace_counts
 from harness import Bench, BenchError, check_all_succeeded
 from programs import runners
 from reference import _pip_install
+from scripts import RUSAGE_SCRIPT
 from workloads import _count_entries, xargs_argv, xargs_script_argv
 
 #: py-spy's sampling rate (its default is 100 Hz)
@@ -51,26 +52,6 @@ TOP = 25
 MANAGER_SYSCALLS_PER_JOB = 60
 #: the issue's job-side target: at most this many ms above a bare `bash script.sh`
 JOB_SIDE_ABOVE_FLOOR_MS = 0.5
-
-#: runs the flow CLI in this interpreter; at exit writes the manager's own rusage and that
-#: of the children it reaped (argv: OUT.json, then the flow arguments)
-RUSAGE_SCRIPT = """
-import atexit, json, resource, sys
-
-out = sys.argv[1]
-sys.argv = ["flow", *sys.argv[2:]]
-
-def dump():
-    s = resource.getrusage(resource.RUSAGE_SELF)
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(out, "w") as fh:
-        json.dump({"self_cpu": s.ru_utime + s.ru_stime, "self_maxrss_kb": s.ru_maxrss,
-                   "children_cpu": c.ru_utime + c.ru_stime}, fh)
-
-atexit.register(dump)
-from httk_flow.cli.main import main
-main()
-"""
 
 
 @dataclass(frozen=True)

@@ -64,3 +64,24 @@ for start in range(0, n, 512):
     if durable:
         syncfs()  # the batch's markers and renames
 """
+
+
+#: runs the flow CLI in this interpreter; at exit writes the manager's own rusage and that
+#: of the children it reaped (argv: OUT.json, then the flow arguments)
+RUSAGE_SCRIPT = """
+import atexit, json, resource, sys
+
+out = sys.argv[1]
+sys.argv = ["flow", *sys.argv[2:]]
+
+def dump():
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out, "w") as fh:
+        json.dump({"self_cpu": s.ru_utime + s.ru_stime, "self_maxrss_kb": s.ru_maxrss,
+                   "children_cpu": c.ru_utime + c.ru_stime}, fh)
+
+atexit.register(dump)
+from httk_flow.cli.main import main
+main()
+"""

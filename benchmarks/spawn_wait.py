@@ -28,38 +28,27 @@ import sys
 import tempfile
 
 from programs import FLOW_API1
+from scripts import RUSAGE_SCRIPT
 
-#: runs the flow CLI here with os.posix_spawn timed (argv: OUT.json, N, then flow's args)
-CHILD = """
-import json, os, resource, sys, time
-out, n = sys.argv[1], int(sys.argv[2])
-sys.argv = ["flow", *sys.argv[3:]]
+#: put before RUSAGE_SCRIPT (same argv: OUT.json, then flow's): times each os.posix_spawn
+#: as the launcher calls it, and at exit writes the mean and the wall time to OUT.json.spawn
+SPAWN_TIMER = """
+import atexit, json, os, sys, time
 import httk_flow.manager.launcher as launcher
-spawn, took = os.posix_spawn, [0.0, 0]
-def timed(*args, **kw):
+_spawn, _took, _t0, _out = os.posix_spawn, [0.0, 0], time.perf_counter(), sys.argv[1] + ".spawn"
+def _timed(*args, **kw):
     t = time.perf_counter()
     try:
-        return spawn(*args, **kw)
+        return _spawn(*args, **kw)
     finally:
-        took[0] += time.perf_counter() - t
-        took[1] += 1
-launcher.os.posix_spawn = timed
-t0 = time.perf_counter()
-def report():
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(out, "w") as fh:
-        json.dump({
-            "wall": time.perf_counter() - t0,
-            "manager_ms": (me.ru_utime + me.ru_stime) / n * 1e3,
-            "jobs_ms": (kids.ru_utime + kids.ru_stime) / n * 1e3,
-            "spawn_ms": took[0] / max(1, took[1]) * 1e3,
-            "spawns": took[1],
-        }, fh)
-import atexit
-atexit.register(report)
-from httk_flow.cli.main import main
-main()
+        _took[0] += time.perf_counter() - t
+        _took[1] += 1
+launcher.os.posix_spawn = _timed
+def _dump_spawns():
+    with open(_out, "w") as fh:
+        json.dump({"wall": time.perf_counter() - _t0, "spawns": _took[1],
+                   "spawn_s": _took[0]}, fh)
+atexit.register(_dump_spawns)
 """
 
 
@@ -74,13 +63,19 @@ def one(tmp: str, program: str, n: int, workers: int) -> dict[str, float]:
     )
     out = os.path.join(tmp, "out.json")
     argv = ["-w", ws, "run", "--workers", str(workers), "--idle", "0", "--quiet"]
-    subprocess.run(
-        [sys.executable, "-c", CHILD, out, str(n), *argv], check=True, stderr=subprocess.DEVNULL
-    )
+    script = SPAWN_TIMER + RUSAGE_SCRIPT
+    run = [sys.executable, "-c", script, out, *argv]
+    subprocess.run(run, check=True, stderr=subprocess.DEVNULL)
     with open(out) as fh:
-        got: dict[str, float] = json.load(fh)
-    got["rate"] = n / got["wall"]
-    return got
+        usage = json.load(fh)
+    with open(out + ".spawn") as fh:
+        spawns = json.load(fh)
+    return {
+        "rate": n / spawns["wall"],
+        "manager_ms": usage["self_cpu"] / n * 1e3,
+        "jobs_ms": usage["children_cpu"] / n * 1e3,
+        "spawn_ms": spawns["spawn_s"] / max(1, spawns["spawns"]) * 1e3,
+    }
 
 
 def main() -> None:
