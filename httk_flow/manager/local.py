@@ -181,25 +181,18 @@ class LocalAttempts:
         except ValueError as e:
             # what the job hands to its environment or argv cannot be passed (a NUL byte in
             # a parameter): that job fails, the manager goes on
-            msg = f"cannot start the attempt ({e})"
-            self.log.problem(claimed.key, msg)
-            with contextlib.suppress(FlowError):
-                fail(self.ws, claimed, claim_body, "launch_error", msg, actor=self.actor)
+            self._refuse(
+                claimed, spec, claim_body, "launch_error", f"cannot start the attempt ({e})"
+            )
             return None
         except OSError as e:
             msg = f"cannot start the attempt ({e.strerror}: {e.filename or ''})"
-            self.log.problem(claimed.key, msg)
             if is_transient(e):
                 # a full disk fails no job: the claim goes back and is tried again later
+                self.log.problem(claimed.key, msg)
                 self.endings.hold(Pending(None, claimed, spec, claim_body, None))
                 return None
-            try:
-                fail(self.ws, claimed, claim_body, "launch_error", msg, actor=self.actor)
-            except TransitionConflict:
-                pass
-            except FlowError as e2:
-                self.log.problem(claimed.key, f"cannot fail the job: {e2.render()}")
-                self.endings.hold(Pending(None, claimed, spec, claim_body, None))
+            self._refuse(claimed, spec, claim_body, "launch_error", msg)
             return None
         crash_point("launch.after_spawn")
         since = time.monotonic() if ahead else 0.0
@@ -258,8 +251,9 @@ class LocalAttempts:
     def _refuse(
         self, claimed: JobHandle, spec: JobSpec, claim_body: Body, code: str, message: str
     ) -> None:
-        """Fail a claimed job whose program must not run: no retry, no backoff (as for
-        program_not_found), and counted by the next reap like any failed attempt."""
+        """Fail a claimed job whose program must not or cannot run: no retry, no backoff
+        (as for program_not_found), and counted by the next reap like any failed attempt,
+        so that it shows in the manager's summary, its exit status and its parent's join."""
         self.log.problem(claimed.key, message)
         body = claim_body.carry(snap=claim_body.snap.but(last=Last.failed(code)))
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .support import Managers, flow, submit, write_script
+from .support import Managers, flow, job, log_of, submit, whole_log, write_script
 
 
 def test_flow_run_exits_0_when_every_job_it_ran_succeeded(
@@ -35,3 +35,25 @@ def test_flow_run_exits_0_with_nothing_to_do_even_beside_an_old_failure(
     assert managers.run(root) == 0  # the failed job is not one this manager ran
     submit(root, write_script(scripts, "ok.sh", "exit 0\n"))
     assert managers.run(root) == 0
+
+
+def test_a_job_that_cannot_launch_counts_as_failed(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    """A launch error fails its job like a failed attempt: in the summary and the exit
+    status, with no pause before the next claim (it used to be neither, and the manager
+    slept its idle pace after each)."""
+    ok = submit(root, write_script(scripts, "ok.sh", "exit 0\n"), count=3)
+    never = submit(root, write_script(scripts, "never.sh", "exit 0\n"), count=3)
+    outside = scripts / "outside"
+    outside.mkdir()
+    for ident in never:  # a symbolic link where the first attempt's directory goes
+        (job(root, ident).job_dir(root) / "a0001").symlink_to(outside)
+    p = managers.start(root, command="run", quiet=False)
+    assert p.wait(60) == 1, log_of(p)
+    log = whole_log(p)
+    assert "stopped: 3 succeeded, 3 failed" in log, log
+    for ident in never:
+        assert job(root, ident).failure_code == "launch_error"
+    assert all(job(root, ident).state.value == "succeeded" for ident in ok)
+    assert not list(outside.iterdir())
