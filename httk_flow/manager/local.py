@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
 from httk_flow.manager.ahead import Gated, LaunchAhead
@@ -14,7 +15,7 @@ from httk_flow.manager.attempts import prepare
 from httk_flow.manager.claim import Claimed, Sort
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.endings import Endings
-from httk_flow.manager.launcher import launch
+from httk_flow.manager.launcher import LaunchedProcess, launch
 from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.running import (
     Finished,
@@ -35,6 +36,9 @@ from httk_flow.protocol.workspace import Workspace
 
 #: seconds between two looks at the running markers of our attempts (check_fenced)
 FENCE_LOOK = 0.1
+#: spawns failing in a row (each for another job, none started between) that stop the
+#: claims: past a few, it is the node (a missing bash, a broken /bin/sh), not the jobs
+SPAWN_FAILURES = 5
 
 
 class LocalAttempts:
@@ -71,6 +75,10 @@ class LocalAttempts:
         self.in_place = InPlaceCheck()
         #: jobs failed before their attempt could start, reported by the next reap
         self._refused: list[Finished] = []
+        #: spawns that failed in a row (no transient error, no start between), and why
+        #: the last did (spawn_trouble)
+        self.spawn_failures = 0
+        self.spawn_failure = ""
         self._fence_looked = -1e18
 
     def __len__(self) -> int:
@@ -168,7 +176,7 @@ class LocalAttempts:
             )
             if binding is not None and self.slots is not None:
                 plan.env.update(binding.env(bool(self.slots.inventory.gpus), plan.env))
-            proc = launch(
+            proc = self._spawn(
                 plan.argv,
                 cwd=plan.workdir,
                 env=plan.env,
@@ -197,6 +205,38 @@ class LocalAttempts:
         crash_point("launch.after_spawn")
         since = time.monotonic() if ahead else 0.0
         return Gated(claimed, spec, claim_body, plan, proc, None if ahead else binding, since)
+
+    def _spawn(self, argv: list[str], **kw: Any) -> LaunchedProcess:
+        """launch(), counting its failures in a row: a spawn that fails for job after job
+        says more about this node than about the jobs."""
+        try:
+            proc = launch(argv, **kw)
+        except OSError as e:
+            if not is_transient(e):
+                self.spawn_failures += 1
+                self.spawn_failure = f"{e.strerror}: {e.filename or ''}"
+            raise
+        self.spawn_failures = 0
+        return proc
+
+    def wait_leftovers(self) -> None:
+        """Before exiting, give what ended attempts left behind its grace, then KILL it."""
+        deadline = max(self.leftovers.values())
+        while self.leftovers and self.clock() < deadline:
+            self.reap()
+            if self.leftovers:
+                time.sleep(min(0.1, max(0.0, deadline - self.clock())))
+        self.kill_all()
+
+    def spawn_trouble(self) -> str | None:
+        """Why this manager should claim no more, when its spawns keep failing."""
+        if self.spawn_failures < SPAWN_FAILURES:
+            return None
+        return (
+            f"{self.spawn_failures} spawns in a row failed, the last with "
+            f"{self.spawn_failure}; no more claims here, so that this node fails no other "
+            "job (`flow retry` the failed ones once it is fixed)"
+        )
 
     def _go(self, g: Gated) -> JobHandle | None:
         """claimed -> running, then open the gate."""

@@ -94,6 +94,7 @@ class Manager:
             ends_at -= self.fs_clock.skew  # the claim pass compares it with the shared clock
         self.draining = False
         self._drain_started = 0.0
+        self._drain_stops = False  # a drain that stops the running attempts (not a halt)
         self._signals: list[float] = []
         self._stop_now = False
         self.failed_jobs = 0
@@ -281,7 +282,7 @@ class Manager:
         # every job holds at least one CPU: none free, nothing to look for
         if free > 0 and self.slots.free_cpus and not self.draining and not self.locked():
             for c in self.claim.take(free, budget):
-                if self.draining:
+                if self.draining or self._spawns_fail():
                     self.claim.release(c)
                     continue
                 extra = join_context(self.ws, c.ready_frame)
@@ -294,9 +295,19 @@ class Manager:
         room = self.ahead.room(len(self.local))
         if room and not self.draining and not self.locked():
             for c in self.claim.take(room, budget, ahead=True):
-                self.local.launch_ahead(c, join_context(self.ws, c.ready_frame))
+                if self._spawns_fail():
+                    self.claim.release(c)
+                else:
+                    self.local.launch_ahead(c, join_context(self.ws, c.ready_frame))
         finished += self._reap()
         return TickResult(actions + started + finished, started, finished)
+
+    def _spawns_fail(self) -> bool:
+        """Stop claiming (not running) when spawns keep failing: the node, not the jobs."""
+        if (trouble := self.local.spawn_trouble()) and not self.draining:
+            self.log.problem("cannot start attempts on this node", trouble)
+            self.begin_drain("spawns fail", stop_running=False)
+        return trouble is not None
 
     def _reap(self) -> int:
         done = self.local.reap()
@@ -329,13 +340,20 @@ class Manager:
         else:
             self._stop_now = True
 
-    def begin_drain(self, why: str) -> None:
-        if not self.draining:
-            self.draining = True
+    def begin_drain(self, why: str, *, stop_running: bool = True) -> None:
+        """No more claims; and, unless not `stop_running`, stop the running attempts (a
+        drain that lets them run is made a stopping one by a later call, such as walltime)."""
+        if self._drain_stops or (self.draining and not stop_running):
+            return
+        self.draining = True
+        if stop_running:
+            self._drain_stops = True
             self._drain_started = time.monotonic()
             self.log.info(f"draining ({why}): no new claims; stopping {len(self.local)} attempt(s)")
             self.local.stop_all(interrupted=True)
-            self.heartbeat(force=True)
+        else:
+            self.log.info(f"draining ({why}): no new claims; {len(self.local)} attempt(s) run on")
+        self.heartbeat(force=True)
 
     def run(self, install_signals: bool = True) -> int:
         """Serve until drained or idle; returns the exit status for `flow run`."""
@@ -355,14 +373,15 @@ class Manager:
         try:
             while not self._stop_now:
                 drains_at = self.config.drains_at
-                if drains_at is not None and not self.draining and self.clock() >= drains_at:
+                if drains_at is not None and not self._drain_stops and self.clock() >= drains_at:
                     self.begin_drain("walltime reached")
                 result = self.tick()
                 self._report()
                 if self.draining:
                     if not self.local and not self.ahead:
                         break
-                    if time.monotonic() - self._drain_started > self.config.drain_timeout:
+                    elapsed = time.monotonic() - self._drain_started
+                    if self._drain_stops and elapsed > self.config.drain_timeout:
                         self.local.kill_all()
                 # idle: nothing to do here and nothing anyone could still hand us
                 if self.config.exit_when_idle is not None and not self.draining:
@@ -385,7 +404,7 @@ class Manager:
                 self.local.kill_all()
                 self.log.info("second signal: exiting at once; leases recover the rest")
             elif self.local.leftovers:
-                self._wait_leftovers()
+                self.local.wait_leftovers()
             if install_signals:
                 signal.set_wakeup_fd(-1)
                 for signum, handler in old:
@@ -422,15 +441,6 @@ class Manager:
             draining=self.draining,
             final=final,
         )
-
-    def _wait_leftovers(self) -> None:
-        """Before exiting, give what ended attempts left behind its grace, then KILL it."""
-        deadline = max(self.local.leftovers.values())
-        while self.local.leftovers and self.clock() < deadline:
-            self.local.reap()
-            if self.local.leftovers:
-                time.sleep(min(0.1, max(0.0, deadline - self.clock())))
-        self.local.kill_all()
 
     def _sleep(self, wake_fd: int, seconds: float) -> None:
         """Until a child exits, a signal arrives, or `seconds` pass.
