@@ -44,6 +44,7 @@ from httk_flow.protocol.leases import (
 from httk_flow.protocol.maintenance import read_lock
 from httk_flow.protocol.names import to36
 from httk_flow.protocol.states import State
+from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
 
 #: a second SIGTERM this soon after the first is the batch system repeating itself
@@ -149,7 +150,7 @@ class Manager:
             slots=self.slots,
             reserve_after=config.reserve_after,
         )
-        self.register = RegisterPass(ctx, on_ready=self.claim.offer)
+        self.register = RegisterPass(ctx, self.claim.offer, on_failed=self._failed_here)
         # a join this manager releases is a continuation it keeps, as its own commits are
         self.joins = JoinPass(ctx, on_ready=self.claim.offer_own)
         self.dependencies = DependencyPass(ctx)
@@ -309,6 +310,9 @@ class Manager:
             self.begin_drain("spawns fail", stop_running=False)
         return trouble is not None
 
+    def _failed_here(self, _job: JobHandle) -> None:
+        self.failed_jobs += 1
+
     def _reap(self) -> int:
         done = self.local.reap()
         for f in done:
@@ -341,8 +345,7 @@ class Manager:
             self._stop_now = True
 
     def begin_drain(self, why: str, *, stop_running: bool = True) -> None:
-        """No more claims; and, unless not `stop_running`, stop the running attempts (a
-        drain that lets them run is made a stopping one by a later call, such as walltime)."""
+        """No more claims; stop what runs unless not `stop_running` (until a later call)."""
         if self._drain_stops or (self.draining and not stop_running):
             return
         self.draining = True

@@ -20,7 +20,7 @@ from httk_flow.manager.log import ManagerLog
 from httk_flow.manager.owners import OwnerOracle
 from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.frames import Evidence, Killed
-from httk_flow.protocol.jobs import load_spec, register_many
+from httk_flow.protocol.jobs import current_frame, load_spec, register_many
 from httk_flow.protocol.jobspec import JobSpec
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle, transition
@@ -87,10 +87,17 @@ class PassContext:
 class RegisterPass:
     """submitted -> ready (or failed with protocol_error)."""
 
-    def __init__(self, ctx: PassContext, on_ready: Callable[[JobHandle], None]) -> None:
+    def __init__(
+        self,
+        ctx: PassContext,
+        on_ready: Callable[[JobHandle], None],
+        on_failed: Callable[[JobHandle], None] = lambda _: None,
+    ) -> None:
         self.ctx = ctx
         self.stream = ctx.stream(State.SUBMITTED)
         self.on_ready = on_ready
+        #: a job failed for its definition (counted by `flow run` as one it ran)
+        self.on_failed = on_failed
 
     def run(self, budget: int) -> int:
         n = 0
@@ -104,8 +111,20 @@ class RegisterPass:
                 continue
             if new.state is State.READY:
                 self.on_ready(new)
+            elif new.state is State.FAILED:
+                # said under --quiet too: a job that never runs must not go unmentioned
+                self.on_failed(new)
+                self.ctx.report_once(h.key, self._why(new))
             n += 1
         return n
+
+    def _why(self, failed: JobHandle) -> str:
+        try:
+            failure = current_frame(self.ctx.ws, failed).body.failure
+        except FlowError:
+            failure = None
+        why = failure.message if failure is not None else "its definition is invalid"
+        return f"failed at registration: {why}"
 
 
 #: seconds between two sweeps for abandoned work when every known manager looks alive

@@ -57,3 +57,22 @@ def test_a_job_that_cannot_launch_counts_as_failed(
         assert job(root, ident).failure_code == "launch_error"
     assert all(job(root, ident).state.value == "succeeded" for ident in ok)
     assert not list(outside.iterdir())
+
+
+def test_a_job_failed_at_registration_is_said_and_counted(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    """An invalid job.json fails its job before it can run: said under --quiet, in the
+    summary and in the exit status, like a job that ran and failed (it was none)."""
+    ok = submit(root, write_script(scripts, "ok.sh", "exit 0\n"), count=2)
+    [bad] = submit(root, write_script(scripts, "bad.sh", "exit 0\n"))
+    info = job(root, bad)
+    (info.job_dir(root) / "job.json").write_text('{"program": ')
+    p = managers.start(root, quiet=True)
+    assert p.wait(60) == 1, log_of(p)
+    log = whole_log(p)
+    assert f"problem: {info.handle.key}: failed at registration: " in log, log
+    assert "job.json: is not valid JSON" in log, log
+    assert "stopped: 2 succeeded, 1 failed" in log, log
+    assert job(root, bad).failure_code == "protocol_error"
+    assert all(job(root, i).state.value == "succeeded" for i in ok)
