@@ -38,6 +38,9 @@ def _stamps(d: Path) -> list[dict[str, object]]:
     out = []
     for f in sorted(d.iterdir()):
         lines = f.read_text().splitlines()
+        if len(lines) < 2:  # its job is still writing its first lines: not ended
+            out.append({"job": f.name.split(".")[0], "end": None})
+            continue
         start = lines[0].split()
         end = [x for x in lines if x.startswith("end ")]
         out.append(
