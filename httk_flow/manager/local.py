@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -36,6 +37,11 @@ from httk_flow.protocol.workspace import Workspace
 
 #: seconds between two looks at the running markers of our attempts (check_fenced)
 FENCE_LOOK = 0.1
+#: why a spawn failed with E2BIG, in words a job's author can act on
+TOO_BIG = (
+    "its arguments and environment are larger than the kernel takes (at most 128 KiB for "
+    "any one of them, about a quarter of the stack limit for all); pass large data in a file"
+)
 #: spawns failing in a row (each for another job, none started between) that stop the
 #: claims: past a few, it is the node (a missing bash, a broken /bin/sh), not the jobs
 SPAWN_FAILURES = 5
@@ -195,6 +201,8 @@ class LocalAttempts:
             return None
         except OSError as e:
             msg = f"cannot start the attempt ({e.strerror}: {e.filename or ''})"
+            if e.errno == errno.E2BIG:
+                msg = f"cannot start the attempt: {TOO_BIG}"
             if is_transient(e):
                 # a full disk fails no job: the claim goes back and is tried again later
                 self.log.problem(claimed.key, msg)
@@ -212,7 +220,7 @@ class LocalAttempts:
         try:
             proc = launch(argv, **kw)
         except OSError as e:
-            if not is_transient(e):
+            if not is_transient(e) and e.errno != errno.E2BIG:  # E2BIG: the job's own
                 self.spawn_failures += 1
                 self.spawn_failure = f"{e.strerror}: {e.filename or ''}"
             raise

@@ -117,3 +117,22 @@ def test_the_walltime_still_stops_what_runs_after_the_claims_stopped(
     log = whole_log(p)
     assert "draining (signal SIGTERM): no new claims; stopping 1 attempt(s)" in log, log
     assert job(root, slow).state is State.READY, log  # interrupted by the drain, not failed
+
+
+def test_arguments_too_large_for_the_kernel_fail_their_jobs_only(
+    root: str, scripts: Path, managers: Managers
+) -> None:
+    """E2BIG is the job's own (an argument over the kernel's 128 KiB): each such job is
+    failed with words its author can act on, and the node keeps claiming."""
+    big = submit(root, "/bin/true", count=2 * SPAWN_FAILURES, args=["y" * 200_000], priority=900)
+    ok = submit(root, write_script(scripts, "ok.sh", "exit 0\n"), count=2)
+    p = managers.start(root, quiet=True)
+    assert p.wait(60) == 1, log_of(p)
+    log = whole_log(p)
+    assert "cannot start attempts on this node" not in log, log
+    assert states(root) == {State.FAILED: 2 * SPAWN_FAILURES, State.SUCCEEDED: 2}, log
+    for ident in big:
+        failure = job(root, ident).last["failure"]
+        assert failure["code"] == "launch_error"
+        assert "larger than the kernel takes" in failure["message"], failure
+    assert all(job(root, i).state is State.SUCCEEDED for i in ok)
