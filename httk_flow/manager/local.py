@@ -243,7 +243,8 @@ class LocalAttempts:
         return (
             f"{self.spawn_failures} spawns in a row failed, the last with "
             f"{self.spawn_failure}; no more claims here, so that this node fails no other "
-            "job (`flow retry` the failed ones once it is fixed)"
+            "job (once it is fixed, `flow resume` the jobs it failed: launch_error in "
+            "`flow list --state failed`)"
         )
 
     def _go(self, g: Gated) -> JobHandle | None:
