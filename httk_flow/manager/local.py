@@ -220,6 +220,9 @@ class LocalAttempts:
         try:
             proc = launch(argv, **kw)
         except OSError as e:
+            if kw.get("bash") and e.filename == kw["bash"]:
+                # the path that failed is no file the job's author named: say where it came from
+                e.filename = f"{e.filename}, the bash that the program's #! line names"
             if not is_transient(e) and e.errno != errno.E2BIG:  # E2BIG: the job's own
                 self.spawn_failures += 1
                 self.spawn_failure = f"{e.strerror}: {e.filename or ''}"

@@ -53,6 +53,8 @@ def test_a_node_that_cannot_spawn_fails_a_few_jobs_and_stops_claiming(
         f"problem: cannot start attempts on this node: {SPAWN_FAILURES} spawns in a row "
         "failed, the last with Exec format error: " in log
     ), log
+    bash = scripts / "bin" / "bash"
+    assert f"Exec format error: {bash}, the bash that the program's #! line names" in log
     assert "`flow resume` the jobs it failed: launch_error in `flow list --state failed`)" in log
     assert "Traceback" not in log
     failed = [job(root, i) for i in ids if job(root, i).state is State.FAILED]
