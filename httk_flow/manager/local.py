@@ -8,11 +8,10 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 from httk_flow.errors import FlowError, TransitionConflict, UnsafePath
 from httk_flow.manager.ahead import Gated, LaunchAhead
-from httk_flow.manager.attempts import prepare
+from httk_flow.manager.attempts import AttemptPlan, prepare
 from httk_flow.manager.claim import Claimed, Sort
 from httk_flow.manager.commit import Committer, is_transient
 from httk_flow.manager.endings import Endings
@@ -182,16 +181,7 @@ class LocalAttempts:
             )
             if binding is not None and self.slots is not None:
                 plan.env.update(binding.env(bool(self.slots.inventory.gpus), plan.env))
-            proc = self._spawn(
-                plan.argv,
-                cwd=plan.workdir,
-                env=plan.env,
-                stdout=plan.stdout,
-                stderr=plan.stderr,
-                exec_failure=plan.exec_failure,
-                context=plan.context,
-                bash=plan.bash,
-            )
+            proc = self._spawn(plan)
         except ValueError as e:
             # what the job hands to its environment or argv cannot be passed (a NUL byte in
             # a parameter): that job fails, the manager goes on
@@ -214,13 +204,22 @@ class LocalAttempts:
         since = time.monotonic() if ahead else 0.0
         return Gated(claimed, spec, claim_body, plan, proc, None if ahead else binding, since)
 
-    def _spawn(self, argv: list[str], **kw: Any) -> LaunchedProcess:
-        """launch(), counting its failures in a row: a spawn that fails for job after job
-        says more about this node than about the jobs."""
+    def _spawn(self, plan: AttemptPlan) -> LaunchedProcess:
+        """launch() the plan, counting failures in a row: a spawn that fails for job after
+        job says more about this node than about the jobs."""
         try:
-            proc = launch(argv, **kw)
+            proc = launch(
+                plan.argv,
+                cwd=plan.workdir,
+                env=plan.env,
+                stdout=plan.stdout,
+                stderr=plan.stderr,
+                exec_failure=plan.exec_failure,
+                context=plan.context,
+                bash=plan.bash,
+            )
         except OSError as e:
-            if kw.get("bash") and e.filename == kw["bash"]:
+            if plan.bash and e.filename == plan.bash:
                 # the path that failed is no file the job's author named: say where it came from
                 e.filename = f"{e.filename}, the bash that the program's #! line names"
             if not is_transient(e) and e.errno != errno.E2BIG:  # E2BIG: the job's own

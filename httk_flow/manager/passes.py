@@ -91,7 +91,7 @@ class RegisterPass:
         self,
         ctx: PassContext,
         on_ready: Callable[[JobHandle], None],
-        on_failed: Callable[[JobHandle], None] = lambda _: None,
+        on_failed: Callable[[JobHandle], None],
     ) -> None:
         self.ctx = ctx
         self.stream = ctx.stream(State.SUBMITTED)
