@@ -164,6 +164,26 @@ def test_a_marker_that_vanished_without_a_successor_stops_the_actor(
     assert "flow fsck" in str(info.value)
 
 
+class _ListsLate(fsio.FileSystem):
+    """An NFS client's view: it may list a directory as it was up to a minute ago."""
+
+    def caches_attributes(self, path: str) -> bool:
+        return True
+
+
+def test_a_marker_gone_where_listings_lag_is_a_lost_race_not_a_fault(
+    ws: Workspace, submitter: Submitter
+) -> None:
+    # there another host's rename may have put it where this one cannot list it yet: the
+    # actor must act on nothing, and not send the user to fsck for a job that is fine
+    job = _submitted(ws, submitter)
+    os.unlink(job.path(ws))
+    fsio.set_filesystem(_ListsLate())
+    with pytest.raises(TransitionConflict, match="does not list yet"):
+        transition(ws, job, State.READY, Body(), actor="a")
+    assert locate_key(ws, job.placement, job.key) is None  # and it made nothing
+
+
 def test_a_target_directory_removed_under_a_cached_workspace_is_recreated(
     ws: Workspace, submitter: Submitter
 ) -> None:

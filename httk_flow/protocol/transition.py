@@ -238,6 +238,13 @@ def _resolve(ws: Workspace, old: JobHandle, new: JobHandle, err: OSError) -> Non
             f"{other.marker.generation}",
             obj=f"job {old.key}",
         )
+    if fs.caches_attributes(ws.state_root):
+        # an NFS client may list the winner's new marker only once its cached listing
+        # expires (up to a minute): the source is gone, so someone moved it; act on nothing
+        raise TransitionConflict(
+            "lost the race: the marker was moved, to a place this host does not list yet",
+            obj=f"job {old.key}",
+        )
     raise FlowError(
         "marker vanished during a transition and no other marker exists",
         obj=f"job {old.key}",

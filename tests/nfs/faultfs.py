@@ -58,6 +58,9 @@ class LateNames(FileSystem):
         self._first_seen: dict[str, dict[str, float]] = {}
         self.hidden = 0  # names held back so far (a test can see the model at work)
 
+    def caches_attributes(self, path: str) -> bool:
+        return True  # as an NFS client does
+
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         entries = list(super().scandir(path))
         now = self._clock()
