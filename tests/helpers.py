@@ -100,14 +100,14 @@ def serve_in_process(ws: Workspace, *, idle: float = 0.0) -> tuple[Manager, int]
     manager = Manager(
         ws, ManagerConfig(workers=2, exit_when_idle=idle, poll_interval=0.05, verbose=False)
     )
-    watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
+    watchdog = threading.Timer(60, lambda: setattr(manager.drain, "exit_now", True))
     watchdog.start()
     try:
         with manager_in_this_process():
             rc = manager.run(install_signals=False)
     finally:
         watchdog.cancel()
-    assert not manager._stop_now, "the manager did not become idle within a minute"
+    assert not manager.drain.exit_now, "the manager did not become idle within a minute"
     return manager, rc
 
 

@@ -186,14 +186,14 @@ def test_a_manager_of_one_pool_runs_its_jobs_beside_another_pools_backlog(
             workers=2, pools=("A",), exit_when_idle=0.0, poll_interval=0.05, verbose=False
         ),
     )
-    watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
+    watchdog = threading.Timer(60, lambda: setattr(manager.drain, "exit_now", True))
     watchdog.start()
     try:
         with manager_in_this_process():
             rc = manager.run(install_signals=False)
     finally:
         watchdog.cancel()
-    assert rc == 0 and not manager._stop_now
+    assert rc == 0 and not manager.drain.exit_now
     assert {h.key for h in walk_all(ws, State.SUCCEEDED)} == mine
     assert {h.key for h in walk_all(ws, State.READY)} == theirs
     assert manager.claim.wants_name(next(walk_all(ws, State.READY)).marker.name) is False
@@ -232,7 +232,7 @@ def _resumed_into_a_quiet_shard(
         other.close()
 
     timer = threading.Timer(resume_at, resume_late)
-    watchdog = threading.Timer(60, lambda: setattr(manager, "_stop_now", True))
+    watchdog = threading.Timer(60, lambda: setattr(manager.drain, "exit_now", True))
     timer.start()
     watchdog.start()
     try:
@@ -244,7 +244,7 @@ def _resumed_into_a_quiet_shard(
     seen = {
         **late,
         "rc": rc,
-        "watchdog": manager._stop_now,
+        "watchdog": manager.drain.exit_now,
         "succeeded": {h.key for h in walk_all(ws, State.SUCCEEDED)} == {mine.key},
         "ready": {h.key for h in walk_all(ws, State.READY)} == set(theirs),
     }

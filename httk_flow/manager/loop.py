@@ -1,5 +1,5 @@
 """The manager: one nonblocking tick of passes, a loop that wakes on child exits, and
-orderly shutdown (first signal drains, a second one exits at once)."""
+orderly shutdown (drain.py: a first signal drains, a second one exits at once)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 
 from httk_flow.errors import FlowError, UsageError
 from httk_flow.manager.ahead import LaunchAhead
@@ -19,6 +18,7 @@ from httk_flow.manager.claim import ClaimPass
 from httk_flow.manager.commit import Committer
 from httk_flow.manager.config import ManagerConfig
 from httk_flow.manager.dependencies import DependencyPass
+from httk_flow.manager.drain import Drain
 from httk_flow.manager.inbox import RequestInbox
 from httk_flow.manager.inventory import detect
 from httk_flow.manager.joins import JoinPass, join_context
@@ -46,9 +46,6 @@ from httk_flow.protocol.names import to36
 from httk_flow.protocol.states import State
 from httk_flow.protocol.transition import JobHandle
 from httk_flow.protocol.workspace import Workspace
-
-#: a second SIGTERM this soon after the first is the batch system repeating itself
-REPEAT_SIGNAL_WINDOW = 1.0
 
 
 @dataclass
@@ -93,11 +90,6 @@ class Manager:
         ends_at = config.ends_at
         if clock is None and ends_at is not None:
             ends_at -= self.fs_clock.skew  # the claim pass compares it with the shared clock
-        self.draining = False
-        self._drain_started = 0.0
-        self._drain_stops = False  # a drain that stops the running attempts (not a halt)
-        self._signals: list[float] = []
-        self._stop_now = False
         self.failed_jobs = 0
         self.succeeded_jobs = 0
         self.attempts_started = 0
@@ -141,6 +133,7 @@ class Manager:
             slots=self.slots,
             ahead=self.ahead,
         )
+        self.drain = Drain(self.log, self.local, self.heartbeat, config.drain_note)
         self.claim = ClaimPass(
             ctx,
             config.pools,
@@ -161,6 +154,11 @@ class Manager:
             mine=lambda k: k in self.local.by_key,
             on_cancel_mine=self._cancel_local,
         )
+
+    @property
+    def draining(self) -> bool:
+        """No new claims (drain.py)."""
+        return self.drain.active
 
     def _mine(self, job_id: str) -> bool:
         return any(k.endswith(job_id) for k in self.local.by_key)
@@ -291,7 +289,7 @@ class Manager:
                     started += 1
                     self.attempts_started += 1
                     if self.draining:
-                        # a signal during the launch: begin_drain could not see this one
+                        # a signal during the launch: the drain could not see this one
                         self.local.stop(c.handle.key, interrupted=True)
         room = self.ahead.room(len(self.local))
         if room and not self.draining and not self.locked():
@@ -307,7 +305,7 @@ class Manager:
         """Stop claiming (not running) when spawns keep failing: the node, not the jobs."""
         if (trouble := self.local.spawn_trouble()) and not self.draining:
             self.log.problem("cannot start attempts on this node", trouble)
-            self.begin_drain("spawns fail", stop_running=False)
+            self.drain.begin("spawns fail", stop_running=False)
         return trouble is not None
 
     def _failed_here(self, _job: JobHandle) -> None:
@@ -332,32 +330,6 @@ class Manager:
 
     # -- the loop ----------------------------------------------------------------
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        now = time.monotonic()
-        if self._signals and now - self._signals[-1] < REPEAT_SIGNAL_WINDOW:
-            return  # a batch system may deliver its walltime TERM twice within milliseconds
-        self._signals.append(now)
-        if len(self._signals) == 1:
-            self.begin_drain(f"signal {signal.Signals(signum).name}")
-            if note := self.config.drain_note(signal.Signals(signum).name):
-                self.log.info(note)  # beside the batch system's own line about the signal
-        else:
-            self._stop_now = True
-
-    def begin_drain(self, why: str, *, stop_running: bool = True) -> None:
-        """No more claims; stop what runs unless not `stop_running` (until a later call)."""
-        if self._drain_stops or (self.draining and not stop_running):
-            return
-        self.draining = True
-        if stop_running:
-            self._drain_stops = True
-            self._drain_started = time.monotonic()
-            self.log.info(f"draining ({why}): no new claims; stopping {len(self.local)} attempt(s)")
-            self.local.stop_all(interrupted=True)
-        else:
-            self.log.info(f"draining ({why}): no new claims; {len(self.local)} attempt(s) run on")
-        self.heartbeat(force=True)
-
     def run(self, install_signals: bool = True) -> int:
         """Serve until drained or idle; returns the exit status for `flow run`."""
         self._first_heartbeat()
@@ -368,23 +340,22 @@ class Manager:
         if install_signals:
             signal.set_wakeup_fd(wake_w)
             for s in (signal.SIGTERM, signal.SIGINT):
-                old.append((s, signal.signal(s, self._on_signal)))
+                old.append((s, signal.signal(s, self.drain.on_signal)))
         self.log.info(
             f"manager {self.id} serving {self.ws.root} with {self.config.workers} worker(s)"
         )
         idle_since: float | None = None
         try:
-            while not self._stop_now:
+            while not self.drain.exit_now:
                 drains_at = self.config.drains_at
-                if drains_at is not None and not self._drain_stops and self.clock() >= drains_at:
-                    self.begin_drain("walltime reached")
+                if drains_at is not None and not self.drain.stops and self.clock() >= drains_at:
+                    self.drain.begin("walltime reached")
                 result = self.tick()
                 self._report()
                 if self.draining:
                     if not self.local and not self.ahead:
                         break
-                    elapsed = time.monotonic() - self._drain_started
-                    if self._drain_stops and elapsed > self.config.drain_timeout:
+                    if self.drain.overdue(self.config.drain_timeout):
                         self.local.kill_all()
                 # idle: nothing to do here and nothing anyone could still hand us
                 if self.config.exit_when_idle is not None and not self.draining:
@@ -403,7 +374,7 @@ class Manager:
                     idle = not (result.actions or self.local or self.draining)
                     self._sleep(wake_r, self.pace.after(idle))
         finally:
-            if self._stop_now:
+            if self.drain.exit_now:
                 self.local.kill_all()
                 self.log.info("second signal: exiting at once; leases recover the rest")
             elif self.local.leftovers:
@@ -426,7 +397,7 @@ class Manager:
                 f"{self.failed_jobs} failed"
             )
         # a second signal abandons work to the leases: not a clean exit
-        if self.failed_jobs or self.recovery.failed or self._stop_now:
+        if self.failed_jobs or self.recovery.failed or self.drain.exit_now:
             return 1
         return EXIT_WORK_LEFT if self.left else 0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from helpers import wait_for
 
-from httk_flow.manager.loop import REPEAT_SIGNAL_WINDOW
+from httk_flow.manager.drain import REPEAT_SIGNAL_WINDOW
 from httk_flow.protocol.states import State
 
 from .support import (

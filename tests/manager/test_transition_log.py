@@ -172,7 +172,7 @@ def test_a_claim_released_by_a_drain_is_logged(tmp_path: Path, scripts: Path) ->
 
         def drain_on_claim(old: JobHandle, new: JobHandle, frame: Frame, note: str | None) -> None:
             if new.state is State.CLAIMED:
-                manager.begin_drain("signal SIGTERM")
+                manager.drain.begin("signal SIGTERM")
 
         ws.on_transition.append(drain_on_claim)
         with manager_in_this_process():
