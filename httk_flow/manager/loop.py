@@ -160,6 +160,16 @@ class Manager:
         """No new claims (drain.py)."""
         return self.drain.active
 
+    @property
+    def succeeded(self) -> int:
+        """Jobs this manager committed succeeded: its attempts', and those it took over."""
+        return self.succeeded_jobs + self.recovery.succeeded
+
+    @property
+    def failed(self) -> int:
+        """Jobs it committed failed: attempts', takeovers', and failed at registration."""
+        return self.failed_jobs + self.recovery.failed
+
     def _mine(self, job_id: str) -> bool:
         return any(k.endswith(job_id) for k in self.local.by_key)
 
@@ -393,11 +403,10 @@ class Manager:
                 # said even under --quiet: it is why the exit status is not 0
                 self.log.problem("stopped with work left", self.left.describe())
             self.log.summary(
-                f"manager {self.id} stopped: {self.succeeded_jobs} succeeded, "
-                f"{self.failed_jobs} failed"
+                f"manager {self.id} stopped: {self.succeeded} succeeded, {self.failed} failed"
             )
         # a second signal abandons work to the leases: not a clean exit
-        if self.failed_jobs or self.recovery.failed or self.drain.exit_now:
+        if self.failed or self.drain.exit_now:
             return 1
         return EXIT_WORK_LEFT if self.left else 0
 
@@ -408,8 +417,8 @@ class Manager:
             return
         now = time.monotonic()
         feed.send(
-            succeeded=self.succeeded_jobs,
-            failed=self.failed_jobs,
+            succeeded=self.succeeded,
+            failed=self.failed,
             attempts=self.attempts_started,
             running=[(key, now - la.opened) for key, la in self.local.by_key.items()],
             draining=self.draining,

@@ -29,6 +29,7 @@ from .support import (
     processes_of,
     submit,
     wait_beats,
+    whole_log,
     write_script,
 )
 
@@ -109,6 +110,21 @@ def test_an_outcome_published_while_its_manager_was_dead_is_committed_not_rerun(
     assert info.state is State.SUCCEEDED, dump(root)
     assert committed(info) == [(1, "main", "advance"), (2, "two", "succeed")]
     assert (workdir / "main.count").read_text().strip() == "1"
+
+
+def test_a_job_a_takeover_commits_failed_is_in_the_summary_and_the_exit_status(
+    root: str, managers: Managers, serve_one_job: Serve
+) -> None:
+    """The manager that commits a dead one's attempt failed says so in its summary, as it
+    does for its own attempts: its exit status 1 needs the line that explains it."""
+    fails = WAITS_FOR_GO.replace('{"action":"advance","step":"two"}', '{"action":"fail"}')
+    jid, workdir, _ = orphaned_attempt(root, serve_one_job, fails)
+    (workdir / "go").touch()
+    wait_for(lambda: not processes_of(root), 10)
+    p = managers.start(root, command="run", quiet=True)
+    assert p.wait(60) == 1, log_of(p)
+    assert "stopped: 0 succeeded, 1 failed" in whole_log(p), whole_log(p)
+    assert job(root, jid).state is State.FAILED
 
 
 def test_a_claim_of_a_killed_manager_is_released_with_its_evidence(
