@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 import pytest
 from helpers import ends_a_commit
-from manager.support import JobInfo, all_jobs, children_of, dump, flow, fsck_report
+from manager.support import JobInfo, all_jobs, children_of, dump, flow, fsck_report, job
 from slurm.support import LIVE, Cluster, run
 
 from httk_flow.protocol.states import State
@@ -148,10 +148,16 @@ def mid_scf(info: JobInfo, root: str) -> bool:
     return "Self-consistent Calculation" in out and "convergence has been achieved" not in out
 
 
+def jobs_now(root: str) -> list[JobInfo]:
+    """Every job once while managers move them: a walk of one state kind after another lists
+    a job that moves into a later kind twice (the later place is kept)."""
+    return list({info.handle.key: info for info in all_jobs(root)}.values())
+
+
 def takeovers(root: str) -> dict[tuple[str, str], tuple[str, str]]:
     """(job key, dead owner) -> (taker, evidence), over every job's history."""
     out: dict[tuple[str, str], tuple[str, str]] = {}
-    for info in all_jobs(root):
+    for info in jobs_now(root):
         for f in info.frames:
             ev = f.get("evidence")
             if isinstance(ev, dict) and ev.get("owner"):
@@ -164,7 +170,7 @@ def commits(root: str) -> list[tuple[str, str, str]]:
     """(job key, committing manager, why) of every finished commit."""
     return [
         (info.handle.key, str(f.get("by")), str(f.get("why")))
-        for info in all_jobs(root)
+        for info in jobs_now(root)
         for f in info.frames
         if ends_a_commit(f)
     ]
@@ -266,8 +272,8 @@ class Campaign:
         return path.read_text(errors="replace") if path.exists() else f"(no {path})"
 
     def parent(self) -> JobInfo:
-        [info] = [i for i in all_jobs(self.root) if i.handle.key.endswith(self.parent_id)]
-        return info
+        # by the engine's lookup: a job moving while a walk lists it is seen twice or not at all
+        return job(self.root, self.parent_id)
 
     def done(self) -> bool:
         return self.parent().state.is_terminal
@@ -322,7 +328,7 @@ def test_an_eos_scan_through_short_allocations_with_a_kill_and_a_freeze_matches_
         [c.parent_id] = [j["id"] for j in orjson.loads(p.stdout)["jobs"]]
 
         def scf_held_by(managers: dict[str, int]) -> tuple[str, str] | None:
-            for info in all_jobs(root):
+            for info in jobs_now(root):
                 manager = (info.last.get("attempt") or {}).get("manager")
                 if manager in managers and mid_scf(info, root):
                     return info.handle.key, str(manager)
