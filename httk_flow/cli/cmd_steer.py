@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -54,9 +55,11 @@ _CHANGES: dict[str, frozenset[State]] = {
 }
 
 
-def _select(app: App, sel: Selection, verb: str, yes: bool) -> list[JobHandle]:
+def _select(app: App, sel: Selection, verb: str, yes: bool, quiet: bool = False) -> list[JobHandle]:
     """The jobs to steer: the named ones as they are (each must name one job); a bulk
-    selection only where it changes something, confirmed on a terminal."""
+    selection only where it changes something, confirmed on a terminal. A bulk selection
+    that changes nothing says so on stderr (unless `quiet`) and is no error: a script may
+    steer a tag whose jobs are all gone past that state."""
     if sel.empty:
         raise UsageError(
             "name at least one JOB (or --tag TAG / --group GROUP / --state KIND / --all)",
@@ -66,11 +69,24 @@ def _select(app: App, sel: Selection, verb: str, yes: bool) -> list[JobHandle]:
     if sel.idents:
         return found
     changing = [h for h in found if h.state in _CHANGES[verb]]
+    if not quiet and not (changing if verb != "release" else found):
+        app.warn(_unchanged(sel, verb, found))
     if changing and app.is_terminal and not yes:
         left = len(found) - len(changing)
         rest = f" ({left} other job(s) left as they are)" if left else ""
         click.confirm(f"{verb} {len(changing)} job(s){rest}?", abort=True, err=True)
     return changing if verb != "release" else found
+
+
+def _unchanged(sel: Selection, verb: str, found: list[JobHandle]) -> str:
+    """Why a bulk selection changes nothing: it matches no job, or only jobs in states
+    that `verb` leaves as they are (counted by state)."""
+    what = sel.narrowing() or "--all"
+    if not found:
+        return f"no job matches {what}: nothing to {verb}"
+    by_state = Counter(h.state.value for h in found)
+    states = ", ".join(f"{n} {st}" for st, n in sorted(by_state.items()))
+    return f"{len(found)} job(s) match {what}, none in a state to {verb} ({states})"
 
 
 def _apply(
@@ -148,7 +164,7 @@ def cancel(
     quiet: bool,
 ) -> None:
     """Cancel jobs; a running job is fenced and its process group stopped."""
-    handles = _select(app, sel, "cancel", yes)
+    handles = _select(app, sel, "cancel", yes, quiet)
     owners = steering.Owners(app.ws)  # read once, on the first running job
     _apply(
         app,
@@ -175,7 +191,7 @@ def pause(
     quiet: bool,
 ) -> None:
     """Pause jobs (a running job pauses when its attempt ends; a submitted one at once)."""
-    handles = _select(app, sel, "pause", yes)
+    handles = _select(app, sel, "pause", yes, quiet)
     _apply(app, handles, steering.pause, as_json=as_json, quiet=quiet)
 
 
@@ -205,7 +221,7 @@ def resume(
         names.check_ident(step, "step name")
     if sel.all and not sel.states:
         sel = dataclasses.replace(sel, states=(State.PAUSED, State.FAILED))
-    handles = _select(app, sel, "resume", yes)
+    handles = _select(app, sel, "resume", yes, quiet)
     _apply(app, handles, lambda ws, h: steering.resume(ws, h, step), as_json=as_json, quiet=quiet)
 
 
@@ -230,7 +246,7 @@ def priority(
     if not args[-1].isdigit() or (len(args) < 2 and not sel.filters):
         raise UsageError("expects JOB... N with N in 0-999", obj="flow priority")
     n = names.check_priority(int(args[-1]))
-    handles = _select(app, dataclasses.replace(sel, idents=args[:-1]), "reprioritise", yes)
+    handles = _select(app, dataclasses.replace(sel, idents=args[:-1]), "reprioritise", yes, quiet)
     _apply(
         app, handles, lambda ws, h: steering.set_priority(ws, h, n), as_json=as_json, quiet=quiet
     )
@@ -251,7 +267,8 @@ def release(app: App, /, sel: Selection, yes: bool, as_json: bool, quiet: bool) 
     """Let held jobs run (`flow submit --hold`): resume the paused ones, skip the rest."""
     if sel.all and not sel.states:
         sel = dataclasses.replace(sel, states=(State.PAUSED,))
-    _apply(app, _select(app, sel, "release", yes), steering.release, as_json=as_json, quiet=quiet)
+    handles = _select(app, sel, "release", yes, quiet)
+    _apply(app, handles, steering.release, as_json=as_json, quiet=quiet)
 
 
 @click.command("requests")
@@ -327,6 +344,9 @@ def wait(app: App, /, sel: Selection, timeout: float | None, as_json: bool) -> N
             timeout=timeout,
             on_stuck=lambda lines: why(lines, lambda t: app.echo(t, err=True)),
         )
+    if r.total == 0 and sel.filters_but_all:
+        # a tag or group nothing carries (a typo?) is waited for at once: say so
+        app.warn(f"no job matches {sel.narrowing()}: nothing to wait for")
     if as_json:
         app.json(
             {

@@ -221,3 +221,52 @@ def test_dependency_selectors_resolve_by_kind_and_bare_words_in_order(
         assert one(ws, Selection(idents=("y",))).key == k["b2"]
     finally:
         ws.close()
+
+
+def test_a_bulk_selection_that_changes_nothing_says_so_and_is_no_error(
+    camp: tuple[str, dict[str, str]],
+) -> None:
+    root, _ = camp
+
+    def run(*args: str) -> tuple[int, str, str]:
+        r = flow("-w", root, *args)
+        return r.returncode, r.stdout, r.stderr
+
+    warn = "flow: warning: "
+    assert run("cancel", "--tag", "nothing") == (
+        0,
+        "",
+        f"{warn}no job matches --tag nothing: nothing to cancel\n",
+    )
+    assert run("resume", "--tag", "x", "--group", "A") == (
+        0,
+        "",
+        f"{warn}2 job(s) match --tag x --group A, none in a state to resume (2 submitted)\n",
+    )
+    assert run("priority", "--tag", "nothing", "7") == (
+        0,
+        "",
+        f"{warn}no job matches --tag nothing: nothing to reprioritise\n",
+    )
+    assert run("release", "--group", "B", "--tag", "nothing") == (
+        0,
+        "",
+        f"{warn}no job matches --tag nothing --group B: nothing to release\n",
+    )
+    # --quiet prints nothing but errors; --json keeps stdout a document
+    assert run("pause", "--tag", "nothing", "--quiet") == (0, "", "")
+    code, out, err = run("cancel", "--tag", "nothing", "--json")
+    assert (code, orjson.loads(out), err) == (
+        0,
+        {"jobs": [], "errors": []},
+        f"{warn}no job matches --tag nothing: nothing to cancel\n",
+    )
+    # a wait on a tag nothing carries (a typo?) ends at once, and says why
+    assert run("wait", "--tag", "nothing") == (
+        0,
+        "0/0 done: 0 succeeded, 0 failed, 0 cancelled\n",
+        f"{warn}no job matches --tag nothing: nothing to wait for\n",
+    )
+    # what does change something prints its lines, and no warning
+    code, out, err = run("pause", "--tag", "y", "--yes")
+    assert (code, err, len(out.splitlines())) == (0, "", 1)
