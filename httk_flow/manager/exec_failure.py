@@ -3,8 +3,11 @@ message naming the program as the user knows it (docs/protocol.md §9)."""
 
 from __future__ import annotations
 
+import os
+
 from httk_flow.manager.launcher import NOT_FOUND
 from httk_flow.protocol.jobspec import Program
+from httk_flow.protocol.shebang import missing_interpreter
 
 
 def exec_failure(program: Program, where: str, word: str, by_exec: bool) -> tuple[str, str]:
@@ -21,7 +24,8 @@ def exec_failure(program: Program, where: str, word: str, by_exec: bool) -> tupl
         what = f"the program {program.name or where!r} (stored as {where})"
     if by_exec:
         why = (
-            "its #! interpreter was not found"
+            # a command's file is found on the attempt's PATH, which is not ours to search
+            missing_interpreter(where if os.path.isabs(where) else "")
             if word == NOT_FOUND
             else "its #! interpreter is not executable, or it is not a program"
         )

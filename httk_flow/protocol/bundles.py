@@ -24,6 +24,7 @@ from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import fs, fsync_dir
 from httk_flow.protocol.inputs import human_size
 from httk_flow.protocol.jobspec import Program
+from httk_flow.protocol.shebang import LINE_MAX, check_runnable
 from httk_flow.protocol.workspace import Workspace
 
 #: a bundle may hold this much unless the submitter raises it (--bundle-max)
@@ -228,6 +229,8 @@ class BundleStore:
             )
         if not entry.executable:
             raise UsageError("is not executable", obj=obj, hint=f"run `chmod +x {program}`")
+        with open(program, "rb") as fh:
+            check_runnable(fh.read(LINE_MAX), program)
         if key not in self._trees:
             # stored only once the program is known to be one: a refusal leaves nothing
             self.store(tree, f"bundle {directory!r}")

@@ -17,6 +17,7 @@ from httk_flow.protocol import layout
 from httk_flow.protocol.bundles import DEFAULT_BUNDLE_MAX, BundleStore
 from httk_flow.protocol.fsio import fs, fsync_dir
 from httk_flow.protocol.jobspec import Program
+from httk_flow.protocol.shebang import check_runnable
 from httk_flow.protocol.workspace import Workspace
 
 MAX_PROGRAM = 256 * 1024 * 1024
@@ -80,7 +81,9 @@ class ProgramStore:
         if st.st_size > MAX_PROGRAM:
             raise UsageError("is larger than 256 MiB; keep data out of the program", obj=obj)
         with open(path, "rb") as fh:
-            return fh.read()
+            data = fh.read()
+        check_runnable(data, path)
+        return data
 
     def _in_place(self, path: str) -> Program:
         """Run where it is: its digest is kept, and checked before every launch."""

@@ -189,6 +189,37 @@ def test_what_a_bundle_refuses_is_said_plainly(
     assert not os.path.exists(layout.bundles_dir(root))
 
 
+def test_a_program_saved_with_windows_line_endings_is_refused_at_submission(
+    runner: CliRunner, root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A #! line ending in a carriage return names an interpreter no system has: every
+    attempt would fail far from the editor that saved it, so submission says how to fix it.
+    A carriage return later in the file (data, a here-document) is the program's own."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "win.sh", "#!/bin/bash\r\necho hi\r\n", 0o755)
+    write(tmp_path / "app" / "run.sh", "#!/usr/bin/env bash\r\n", 0o755)
+    fix = "and submit again\n"
+    for args, shown, line in (
+        (["./win.sh"], "./win.sh", "/bin/bash"),
+        (["--in-place", "./win.sh"], "./win.sh", "/bin/bash"),
+        (["--array", "1-3", "./win.sh"], "./win.sh", "/bin/bash"),
+        (["--bundle", "app", "app/run.sh"], "app/run.sh", "/usr/bin/env bash"),
+    ):
+        assert refused(runner, root, *args) == (
+            f"flow: error: program '{shown}': has Windows line endings: its #! line "
+            f"('{line}') ends in a carriage return, so no system can find its interpreter; "
+            f"convert it with `dos2unix {shown}` (or `sed -i 's/\\r$//' {shown}`) {fix}"
+        ), args
+    jsonl = write(tmp_path / "jobs.jsonl", '{"program": "./win.sh"}\n')
+    assert "has Windows line endings" in refused(runner, root, "--from", str(jsonl))
+    assert not os.path.exists(layout.bundles_dir(root))
+    # only the #! line matters: a body with carriage returns, or none at all, is submitted
+    write(tmp_path / "data.py", "#!/usr/bin/env python3\nprint('a\\r')\r\n", 0o755)
+    write(tmp_path / "bare.sh", "echo hi\r\n", 0o755)
+    assert len(submit(runner, root, "./data.py")) == 1
+    assert len(submit(runner, root, "./bare.sh")) == 1
+
+
 # -- the stored copy and FLOW_PROGRAM_SOURCE -------------------------------------------------
 
 

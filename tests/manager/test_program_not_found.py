@@ -96,7 +96,8 @@ def test_a_missing_interpreter_fails_at_once_where_the_shell_can_tell(
     assert managers.run(root) == 1
     message = ran_once_and_failed(root, jid, "program_not_found")
     assert message.endswith(
-        "could not be executed: its #! interpreter was not found; it was not retried"
+        "could not be executed: its #! interpreter '/no/such/interpreter' was not found; "
+        "it was not retried"
     )
 
 
