@@ -319,7 +319,7 @@ _flow_more_steps() {
 
 # main: flow_main before the step, when it cannot run it.
 _flow_more_main() {
-    local _flow_s=${FLOW_STEP-}
+    local _flow_s=${FLOW_STEP-} _flow_h=""
     if [[ -z ${FLOW_CONTROL_DIR-} ]]; then
         _flow_say 'flow_main: FLOW_CONTROL_DIR is not set; run this program through flow (flow submit, then flow run)\n'
         return 2
@@ -330,7 +330,9 @@ _flow_more_main() {
     elif ((${#_flow_steps_list[@]} == 0)); then
         _flow_misuse flow_main "no steps are declared; call flow_steps NAME... before flow_main"
     elif [[ -z ${_flow_declared[$_flow_s]-} ]]; then
-        _flow_misuse flow_main "step '$_flow_s' is not declared with flow_steps (declared: ${_flow_steps_list[*]})"
+        # main is no choice the author made: flow submit starts there without --step
+        [[ $_flow_s != main ]] || _flow_h="; a job starts at step main unless flow submit --step names another: submit with --step ${_flow_steps_list[0]}, and continue this one with flow resume JOB --step ${_flow_steps_list[0]}"
+        _flow_misuse flow_main "step '$_flow_s' is not declared with flow_steps (declared: ${_flow_steps_list[*]})$_flow_h"
     elif ! declare -F "step_$_flow_s" >/dev/null; then
         _flow_misuse flow_main "step '$_flow_s' is declared but no function step_$_flow_s is defined"
     fi

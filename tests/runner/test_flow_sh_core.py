@@ -225,6 +225,13 @@ LONG_WAY = {
         "flow_steps main\nstep_main() { flow_succeed; }\nflow_main",
         "step other: flow_main: step 'other' is not declared with flow_steps (declared: main)",
     ),
+    "the default step, undeclared": (
+        {},
+        "flow_steps first second\nstep_first() { flow_succeed; }\nflow_main",
+        "step main: flow_main: step 'main' is not declared with flow_steps (declared: first "
+        "second); a job starts at step main unless flow submit --step names another: submit "
+        "with --step first, and continue this one with flow resume JOB --step first",
+    ),
     "a step that ends without an outcome": (
         {},
         "flow_steps main\nstep_main() { :; }\nflow_main",
