@@ -108,7 +108,18 @@ class Runner:
         fn = self.steps.get(attempt.step)
         if fn is None:
             declared = ", ".join(self.steps) or "none"
-            self._misuse(f"step {attempt.step!r} is not a step of this runner (steps: {declared})")
+            hint = ""
+            if attempt.step == "main" and self.steps:
+                # main is no choice the author made: flow submit starts there without --step
+                first = next(iter(self.steps))
+                hint = (
+                    "; a job starts at step main unless flow submit --step names another: "
+                    f"submit with --step {first}, and continue this one with flow resume JOB "
+                    f"--step {first}"
+                )
+            self._misuse(
+                f"step {attempt.step!r} is not a step of this runner (steps: {declared}){hint}"
+            )
             return self._end_with_error()
         try:
             fn(self)
@@ -117,6 +128,10 @@ class Runner:
         except RunnerError as e:
             self._misuse(e.render())
         except Exception as e:
+            # the whole stack, for `flow logs JOB --stderr`: the outcome holds one line of it
+            # from the step's own frame on (this method's would only say the step was called)
+            tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+            traceback.print_exception(type(e), e, tb, file=sys.stderr)
             if not self.has_outcome():
                 self._publish(_doc(Action.FAIL, _describe(attempt.step, e), code=STEP_ERROR))
             return 0

@@ -134,11 +134,31 @@ def test_an_unknown_step_fails_naming_it(attempt: Path) -> None:
     }
 
 
-def test_an_exception_in_a_step_fails_naming_step_exception_and_line(attempt: Path) -> None:
+def test_an_unknown_main_step_says_which_step_to_submit_with(attempt: Path) -> None:
+    r = Runner({"prepare": lambda f: f.succeed(), "b": lambda f: f.succeed()}, env=env_of(attempt))
+    assert r.run() == 0
+    assert outcome_json(attempt) == {
+        "action": "fail",
+        "message": "step main: step 'main' is not a step of this runner (steps: prepare, b); a "
+        "job starts at step main unless flow submit --step names another: submit with --step "
+        "prepare, and continue this one with flow resume JOB --step prepare",
+        "code": "protocol_error",
+    }
+
+
+def test_an_exception_in_a_step_fails_naming_step_exception_and_line(
+    attempt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     def main(flow: Runner) -> None:
         int("not a number")
 
     assert Runner({"main": main}, env=env_of(attempt)).run() == 0
+    # the whole stack on stderr (the attempt's), from the step's frame on
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):\n"), err
+    assert 'int("not a number")' in err and "in main\n" in err, err
+    assert os.path.join("httk_flow", "runner", "__init__.py") not in err, err
+    assert err.endswith("ValueError: invalid literal for int() with base 10: 'not a number'\n")
     out = outcome_json(attempt)
     assert out["code"] == "step_error"
     assert str(out["message"]).startswith(
