@@ -188,13 +188,23 @@ def test_a_crlf_shebang_is_not_taken_for_bash(tmp_path: Path, shebang: str) -> N
 def test_a_crlf_bash_program_fails_as_not_found_through_a_manager(
     root: str, scripts: Path, managers: Managers
 ) -> None:
+    # submission refuses one (tests/cli/test_program_files.py); one stored by an earlier
+    # flow, or changed in the store since, must still never run, under bash or otherwise
     ran = scripts / "ran"
-    prog = write_program(scripts, "crlf.sh", f"#!/bin/bash\r\ntouch '{ran}'\r\nexit 0\r\n")
+    prog = write_program(scripts, "crlf.sh", f"#!/bin/bash\ntouch '{ran}'\nexit 0\n")
     [jid] = submit(root, prog, retries=2)
+    definition = orjson.loads((job(root, jid).job_dir(root) / "job.json").read_bytes())
+    stored = Path(root) / ".flow" / "programs" / definition["program"]["digest"]
+    stored.write_bytes(f"#!/bin/bash\r\ntouch '{ran}'\r\nexit 0\r\n".encode())
     assert managers.run(root) == 1
     info = job(root, jid)
     assert (info.state, info.failure_code) == (State.FAILED, "program_not_found"), dump(root)
     assert not ran.exists()
+    if os.path.realpath("/bin/sh").endswith("dash"):  # a shell that can tell the exec failed
+        assert str(info.last["failure"]["message"]).endswith(
+            "could not be executed: its #! line ends in a carriage return (the file was saved "
+            "with Windows line endings: convert it with dos2unix); it was not retried"
+        )
 
 
 def test_a_manager_with_a_bash_env_of_its_own_never_gates_through_bash(tmp_path: Path) -> None:
