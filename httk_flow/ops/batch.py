@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from httk_flow.errors import UsageError
-from httk_flow.ops.bulk import array_requests, jsonl_requests, parse_array
+from httk_flow.ops.bulk import array_requests, jsonl_lines, jsonl_requests, parse_array
 from httk_flow.protocol import staging
 from httk_flow.protocol.batch import (
     batch_job_id,
@@ -78,15 +78,46 @@ def plan_jsonl(
             yield raw
 
     total = 0
-    for req in jsonl_requests(hashed(read()), base, where):
+    bad: list[UsageError] = []  # the first BAD_LINES_SHOWN
+    nbad = 0
+    for item in jsonl_lines(hashed(read()), base, where):
+        if not isinstance(item, UsageError):
+            try:
+                program = submitter.build(item).program
+            except UsageError as e:
+                item = e
+        if isinstance(item, UsageError):
+            nbad += 1
+            if nbad <= BAD_LINES_SHOWN:
+                bad.append(item)
+            continue
         # a program named by path is digested by content: an edited script is a new batch
-        h.update(b"\0" + _program_word(submitter.build(req).program))
+        h.update(b"\0" + _program_word(program))
         total += 1
+    if nbad:
+        raise _every_bad_line(where, bad, nbad)
     digest = h.hexdigest()
     return BatchPlan(
         batch_key(digest, given), digest, total, given is not None,
         lambda: jsonl_requests(read(), base, where),
     )  # fmt: skip
+
+
+#: the bad lines of a --from file that its error lists (it counts them all)
+BAD_LINES_SHOWN = 20
+
+
+def _every_bad_line(where: str, shown: list[UsageError], count: int) -> UsageError:
+    """One bad line's own error; for several, one error listing them (`shown`, the first
+    of `count`), so that a file is fixed in one pass, not one run per line."""
+    if count == 1:
+        return shown[0]
+    lines = "".join(f"\n  {e.render()}" for e in shown)
+    if count > len(shown):
+        lines += f"\n  ... and {count - len(shown):,} more"
+    return UsageError(
+        f"{count:,} lines are not valid jobs; nothing was submitted:{lines}", obj=where
+    )
 
 
 def plan_array(

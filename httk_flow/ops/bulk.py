@@ -134,23 +134,40 @@ def jsonl_requests(
 ) -> Iterator[SubmitRequest]:
     """One request per non-blank line; a bad line raises UsageError naming file:line
     (and the column, for a line that is not JSON)."""
+    for item in jsonl_lines(stream, base, where):
+        if isinstance(item, UsageError):
+            raise item
+        yield item
+
+
+def jsonl_lines(
+    stream: Iterable[bytes], base: SubmitRequest, where: str
+) -> Iterator[SubmitRequest | UsageError]:
+    """Per non-blank line, its request or the UsageError that says what is wrong with it:
+    a check of a whole file reports every bad line, not one per run."""
     for lineno, raw in enumerate(stream, 1):
         if not raw.strip():
             continue
-        obj = f"{where}:{lineno}"
         try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            # one line is one document: its column is what locates the mistake
-            why = e.msg.split(": line ")[0]
-            raise UsageError(
-                f"is not valid JSON: {why}",
-                obj=f"{obj}, column {e.colno}",
-                hint="each line of the file is one JSON object",
-            ) from None
-        if not isinstance(data, dict):
-            raise UsageError("is not a JSON object", obj=obj)
-        yield _line(data, base, obj)
+            yield _parse_line(raw, base, f"{where}:{lineno}")
+        except UsageError as e:
+            yield e
+
+
+def _parse_line(raw: bytes, base: SubmitRequest, obj: str) -> SubmitRequest:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        # one line is one document: its column is what locates the mistake
+        why = e.msg.split(": line ")[0]
+        raise UsageError(
+            f"is not valid JSON: {why}",
+            obj=f"{obj}, column {e.colno}",
+            hint="each line of the file is one JSON object",
+        ) from None
+    if not isinstance(data, dict):
+        raise UsageError("is not a JSON object", obj=obj)
+    return _line(data, base, obj)
 
 
 def _line(data: dict[str, Any], base: SubmitRequest, obj: str) -> SubmitRequest:
