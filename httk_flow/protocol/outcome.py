@@ -108,10 +108,11 @@ def read_outcome(attempt_dir: str) -> Outcome | None:
         return _read_ready(attempt_dir)
     except (OSError, UnsafePath) as e:
         raise InvalidOutcome(f"cannot read it ({e})", obj=line) from None
-    if os.path.lexists(layout.outcome_again(attempt_dir)) or os.path.lexists(
-        layout.outcome_ready(attempt_dir)
-    ):
-        raise InvalidOutcome("the attempt published more than one outcome", obj=attempt_dir)
+    again = layout.outcome_again(attempt_dir)
+    if os.path.lexists(again):
+        raise _published_twice(raw, again, attempt_dir)
+    if os.path.lexists(layout.outcome_ready(attempt_dir)):
+        raise _published_twice(raw, None, attempt_dir)
     if not raw.endswith(b"\n"):
         raise TornOutcome("is not whole (it does not end in a newline)", obj=line)
     if b"\0" in raw:
@@ -146,11 +147,32 @@ def _read_ready(attempt_dir: str) -> Outcome | None:
     dup = layout.duplicate_file(d)
     if os.path.lexists(dup):
         # the runner tried to publish a second outcome: neither can be trusted
-        raise InvalidOutcome("the attempt published more than one outcome", obj=d)
+        raise _published_twice(raw, dup, d)
     out = parse_outcome(raw, where)
     if out.action is Action.WAIT:
         out = _with_children(out, layout.children_file(d))
     return out
+
+
+def _published_twice(first: bytes, again: str | None, obj: str) -> InvalidOutcome:
+    """The error of an attempt that published two outcomes, naming both where they can be
+    read (`again`: the runner's note of the second action): most often a step that went
+    on after its outcome, which returns rather than ends the step."""
+    said = "the attempt published more than one outcome"
+    try:
+        out = parse_outcome(first, obj)
+        words = fs.read_bytes(again, 4096).split() if again is not None else []
+    except (InvalidOutcome, OSError, UnsafePath):
+        return InvalidOutcome(said, obj=obj)
+    if not words:
+        return InvalidOutcome(said, obj=obj)
+    shown = f"{out.action.value} ({out.message!r})" if out.message else out.action.value
+    second = words[0].decode(errors="replace")[:32]
+    return InvalidOutcome(
+        f"{said}: {shown}, then {second}; publishing an outcome does not end the step, so "
+        "return (or exit) right after it",
+        obj=obj,
+    )
 
 
 def parse_outcome(raw: bytes, where: str) -> Outcome:

@@ -296,7 +296,12 @@ def test_a_failed_child_fails_an_all_succeeded_join(tour: Tour) -> None:
             "(declared: bad_tag bad_key no_children to_nowhere twice no_outcome "
             "failing_command)",
         ),
-        ("twice", "protocol_error", "the attempt published more than one outcome"),
+        (
+            "twice",
+            "protocol_error",
+            "the attempt published more than one outcome: succeed ('first'), then succeed; "
+            "publishing an outcome does not end the step, so return (or exit) right after it",
+        ),
         (
             "no_outcome",
             "protocol_error",

@@ -143,8 +143,12 @@ def test_a_second_outcome_beside_outcome_line_is_noted_and_read_as_a_protocol_er
     assert done.stdout == b"rc=1\n"
     assert sorted(os.listdir(attempt)) == ["outcome.duplicate", "outcome.line"]
     assert duplicate_note(attempt) == "fail\n"
-    with pytest.raises(InvalidOutcome, match="more than one outcome"):
+    with pytest.raises(InvalidOutcome) as info:
         read_outcome(str(attempt))
+    assert info.value.render() == (
+        f"{attempt}: the attempt published more than one outcome: succeed ('one'), then fail; "
+        "publishing an outcome does not end the step, so return (or exit) right after it"
+    )
 
 
 def test_subshells_racing_to_publish_leave_one_line_and_one_note_per_loser(

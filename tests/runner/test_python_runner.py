@@ -80,8 +80,12 @@ def test_a_second_outcome_raises_and_flags_a_duplicate(attempt: Path) -> None:
     r.succeed()
     with pytest.raises(DuplicateOutcome):
         r.fail("again")
-    with pytest.raises(InvalidOutcome, match="more than one outcome"):
+    with pytest.raises(InvalidOutcome) as info:
         read_outcome(str(attempt))
+    assert info.value.message == (
+        "the attempt published more than one outcome: succeed, then fail; publishing an "
+        "outcome does not end the step, so return (or exit) right after it"
+    )
 
 
 def test_an_outcome_published_by_another_process_counts_as_the_first(attempt: Path) -> None:
