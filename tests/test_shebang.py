@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from httk_flow.errors import UsageError
-from httk_flow.protocol.shebang import check_runnable, interpreter_line, missing_interpreter
+from httk_flow.protocol.shebang import (
+    check_runnable,
+    interpreter_line,
+    missing_interpreter,
+    words,
+)
 
 
 def test_the_line_is_the_first_one_without_its_hash_bang() -> None:
@@ -16,6 +21,9 @@ def test_the_line_is_the_first_one_without_its_hash_bang() -> None:
     assert interpreter_line(b"#!" + b"x" * 400) == "x" * 254  # the kernel reads 256 bytes
     assert interpreter_line(b"echo hi\n") is None
     assert interpreter_line(b"") is None
+    # split as the kernel does: spaces and tabs only, a carriage return kept in the name
+    assert words(" /usr/bin/env \tbash  -x") == ["/usr/bin/env", "bash", "-x"]
+    assert words("/bin/bash\r") == ["/bin/bash\r"]
 
 
 def test_a_missing_interpreter_is_named_from_the_programs_own_line(tmp_path: Path) -> None:

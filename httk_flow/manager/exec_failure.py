@@ -23,12 +23,12 @@ def exec_failure(program: Program, where: str, word: str, by_exec: bool) -> tupl
     else:
         what = f"the program {program.name or where!r} (stored as {where})"
     if by_exec:
-        why = (
-            # a command's file is found on the attempt's PATH, which is not ours to search
-            missing_interpreter(where if os.path.isabs(where) else "")
-            if word == NOT_FOUND
-            else "its #! interpreter is not executable, or it is not a program"
-        )
+        if word != NOT_FOUND:
+            why = "its #! interpreter is not executable, or it is not a program"
+        elif os.path.isabs(where):
+            why = missing_interpreter(where)
+        else:  # a command's file is found on the attempt's PATH, not ours to search
+            why = "its #! interpreter was not found"
         return code, f"{what} could not be executed: {why}; it was not retried"
     if word == NOT_FOUND:
         found = "was not found on the attempt's PATH" if program.command else "was not found"

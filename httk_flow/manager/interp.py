@@ -13,9 +13,10 @@ import os
 import shutil
 import stat
 
+from httk_flow.protocol.shebang import LINE_MAX, interpreter_line, words
+
 __all__ = ["bash_for", "can_gate_bash", "gates_in"]
 
-_LINE_MAX = 256
 #: the #! interpreters taken as bash: the path of a bash, or env(1) naming bash alone
 _ENV = "/usr/bin/env"
 
@@ -80,23 +81,21 @@ def _shebang(program: str) -> str | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
             return None
-        head = os.read(fd, _LINE_MAX)
+        head = os.read(fd, LINE_MAX)
     except OSError:
         return None
     finally:
         os.close(fd)
-    if not head.startswith(b"#!") or b"\n" not in head:
+    line = interpreter_line(head) if b"\n" in head else None
+    if line is None:
         return None
-    # as the kernel reads it: spaces and tabs after #!, then the interpreter, then one
-    # argument; only those two separate words (a CR of a DOS file is part of the name, and
-    # the kernel fails to find "bash\r": so must we)
-    words = head[2 : head.index(b"\n")].replace(b"\t", b" ").split(b" ")
-    words = [w for w in words if w]
-    if words == [_ENV.encode(), b"bash"]:
+    # as the kernel reads it: the interpreter, then one argument (a CR of a DOS file is
+    # part of the name, and the kernel fails to find "bash\r": so must we)
+    named = words(line)
+    if named == [_ENV, "bash"]:
         return _ENV
-    if len(words) == 1 and words[0].startswith(b"/") and words[0].endswith(b"/bash"):
-        interp = words[0].decode(errors="replace")
-        return interp if _plain_executable(interp) else None
+    if len(named) == 1 and named[0].startswith("/") and named[0].endswith("/bash"):
+        return named[0] if _plain_executable(named[0]) else None
     return None
 
 

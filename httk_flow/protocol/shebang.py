@@ -19,6 +19,12 @@ def interpreter_line(head: bytes) -> str | None:
     return head[2:LINE_MAX].split(b"\n", 1)[0].decode(errors="replace")
 
 
+def words(line: str) -> list[str]:
+    """The words of a #! line as the kernel splits them: by spaces and tabs only (a
+    carriage return of a file saved on Windows is part of the interpreter's name)."""
+    return [w for w in line.replace("\t", " ").split(" ") if w]
+
+
 def read_line(path: str) -> str | None:
     """interpreter_line of the file at `path`; None also when it cannot be read."""
     try:
@@ -52,11 +58,12 @@ def missing_interpreter(path: str) -> str:
     """Why the exec of the program at `path` found no interpreter, in the words of its #!
     line: which interpreter, or that the line ends in a carriage return."""
     line = read_line(path)
-    if line is None or not line.strip():
+    named = words(line) if line is not None else []
+    if not named:
         return "its #! interpreter was not found"
-    if saved_with_crlf(line):
+    if saved_with_crlf(line or ""):
         return (
             "its #! line ends in a carriage return (the file was saved with Windows line "
             "endings: convert it with dos2unix)"
         )
-    return f"its #! interpreter {line.split()[0]!r} was not found"
+    return f"its #! interpreter {named[0]!r} was not found"
