@@ -77,6 +77,15 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
 
 
 @pytest.fixture
+def flat_ws(tmp_path: Path) -> Iterator[Workspace]:
+    """A workspace that keeps every ready marker in its placement's directory (made with
+    --no-class-dirs, or by httk_flow before protocol revision 8)."""
+    workspace = Workspace.create(str(tmp_path / "ws"), class_dirs=False)
+    yield workspace
+    workspace.close()
+
+
+@pytest.fixture
 def program(tmp_path: Path) -> str:
     """An executable script outside the workspace."""
     path = tmp_path / "run.sh"

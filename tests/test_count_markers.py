@@ -170,9 +170,11 @@ def _check(ws: Workspace, state: State) -> None:
 
 
 @contextlib.contextmanager
-def _workspace() -> Iterator[Workspace]:
+def _workspace(class_dirs: bool = False) -> Iterator[Workspace]:
+    """A workspace whose ready markers of every class lie in their placement's directory
+    (unless `class_dirs`): what is counted and passed by here is names."""
     with tempfile.TemporaryDirectory() as tmp:
-        ws = Workspace.create(os.path.join(tmp, "ws"))
+        ws = Workspace.create(os.path.join(tmp, "ws"), class_dirs=class_dirs)
         try:
             yield ws
         finally:
@@ -534,3 +536,44 @@ def test_a_look_walks_subdirectories_beside_other_pools_markers_whatever_their_n
             expected = want if "" in foreign else want + Counter(theirs[:5])
             assert _wanted(ws, State.READY, (), foreign) == expected
             _check_wanted(ws, (), foreign)
+
+
+def test_a_look_passes_by_the_class_directories_of_classes_not_served_unlisted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where each class's ready markers lie in a class directory (protocol revision 8),
+    a class known not to be served is passed by by its directory's name: none of its
+    names is listed. What is found carries its placement, not the class directory, and
+    a marker outside the directory its class places it in is not found (no manager can
+    move it: `flow fsck` reports it)."""
+    with _workspace(class_dirs=True) as ws:
+        theirs = [("jobs/ab", _name(service="q1")) for _ in range(50)]
+        ours = [("jobs/ab", _name(service="q2")), ("jobs/cd", _name()), ("jobs/cd", _name())]
+        for placement, name in theirs + ours:
+            m = Marker.from_name(name)
+            path = ws.marker_path(State.READY, placement, m)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "xb").close()
+        assert os.path.isdir(ws.state_dir(State.READY, "jobs/ab/@q1"))
+        astray = _name(service="q2")
+        _plant(ws, State.READY, [("jobs/cd", astray)])  # where revision 7 placed it
+        listed: list[str] = []
+        real = os.listdir
+
+        def listdir(path: str) -> list[str]:
+            listed.append(path)
+            return real(path)
+
+        monkeypatch.setattr(os, "listdir", listdir)
+
+        def wants(name: str) -> bool:
+            return names.marker_service(name) != "q1"
+
+        found = list(markers_wanted(ws, State.READY, (), wants, lambda: ["q1"]))
+        assert sorted((h.placement, h.marker.name) for h in found) == sorted(ours)
+        assert not [p for p in listed if "@q1" in p]
+        assert ws.state_dir(State.READY, "jobs/ab/@q2") in listed
+        # and with nothing known of q1 yet, its directory is listed and its names passed
+        listed.clear()
+        found = list(markers_wanted(ws, State.READY, (), wants, list))
+        assert len(found) == 3 and ws.state_dir(State.READY, "jobs/ab/@q1") in listed

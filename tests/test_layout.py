@@ -10,7 +10,7 @@ import pytest
 
 from httk_flow.protocol import layout, logstream
 from httk_flow.protocol.jobs import find_attempt_dir
-from httk_flow.protocol.names import Marker
+from httk_flow.protocol.names import Marker, class_dir
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -24,6 +24,7 @@ ATTEMPT = "<attempt>"
 DOCUMENTED = {
     layout.format_file(WS),
     layout.marker_path(WS, "<kind>", "<placement>", "<marker>"),
+    layout.marker_path(WS, "ready", "<placement>", "<marker>", class_dir("<class>")),
     layout.segment_path(layout.journal_dir(WS), "<writer>", 0).replace("/0.", "/<n>."),
     f"{logstream.writer_dir(WS, '<writer>')}/{logstream.segment_name(0)}".replace("/0.", "/<n>."),
     layout.program_path(WS, "<sha256>"),

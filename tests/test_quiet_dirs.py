@@ -161,11 +161,12 @@ def test_a_directory_with_markers_is_listed_every_cycle(
 
 
 def test_a_directory_of_markers_its_filter_refuses_is_remembered_as_empty(
-    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+    flat_ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A claim stream beside another pool's backlog: shards holding only markers of a
     class it does not serve are stat'ed once confirmed, never retired, and a marker of
     its own renamed into one is found the next cycle."""
+    ws = flat_ws  # other pools' markers beside ours, in one directory
     _shards(ws)
     theirs = []
     for shard in SHARDS:
@@ -189,11 +190,12 @@ def test_a_directory_of_markers_its_filter_refuses_is_remembered_as_empty(
 
 
 def test_a_look_shares_the_streams_memory_of_directories_holding_nothing_of_ours(
-    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+    flat_ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An idle check looks every tick (counting.markers_wanted): two of its looks SETTLE
     apart confirm the shards of other pools' markers, later looks and the stream stat
     them, and a marker of ours renamed into one is found by the next look."""
+    ws = flat_ws  # other pools' markers beside ours, in one directory
     _shards(ws)
     for shard in SHARDS:
         m = Marker(new_id(), 500, 1, RecordRef("w0", 0, 0), service="q1")

@@ -40,7 +40,8 @@ def test_create_lays_out_every_state_directory_and_the_format_file(tmp_path: Pat
         assert os.path.isdir(ws.state_dir(kind))
     for d in (ws.tmp, ws.programs, ws.managers, ws.requests, ws.journal_dir):
         assert os.path.isdir(d)
-    assert ws.policy == Policy(lease=12.0, durable=True)
+    # a new workspace keeps the ready jobs of each class apart (protocol revision 8)
+    assert ws.policy == Policy(lease=12.0, durable=True, class_dirs=True)
     reopened = Workspace.open(ws.root)
     assert reopened.format == ws.format
     assert len(ws.format.workspace_id) == 32

@@ -53,6 +53,14 @@ def enclosing_workspace(path: str) -> str | None:
     "manager's log segments at its commit (a finished job is then three inodes; "
     "`flow logs` reads it back either way).",
 )
+@click.option(
+    "--class-dirs/--no-class-dirs",
+    default=True,
+    show_default=True,
+    help="Keep the ready jobs of each pool and capability class in a directory of their "
+    "own, so a manager never lists another pool's backlog; --no-class-dirs keeps the "
+    "layout that httk_flow before protocol revision 8 reads.",
+)
 @click.option("--exist-ok", is_flag=True, help="Accept an existing workspace.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document.")
 @workspace_option
@@ -65,6 +73,7 @@ def init(
     lease: str | None,
     keep_attempt_files: bool,
     logs: str,
+    class_dirs: bool,
     exist_ok: bool,
     as_json: bool,
 ) -> None:
@@ -81,6 +90,7 @@ def init(
         exist_ok=exist_ok,
         keep_attempt_files=keep_attempt_files,
         logs=logs,
+        class_dirs=class_dirs,
     )
     if outer is not None and not existed:
         app.warn(
@@ -96,6 +106,7 @@ def init(
                 "lease": ws.policy.lease,
                 "keep_attempt_files": ws.policy.keep_attempt_files,
                 "logs": ws.policy.logs,
+                "class_dirs": ws.policy.class_dirs,
             }
         )
     else:

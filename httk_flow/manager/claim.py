@@ -90,7 +90,7 @@ class ClaimPass:
         self._ours: dict[str, bool] = {}
         # other pools' markers are passed by at the cost of a string search each, and a
         # pass that found none of ours rests: a foreign backlog costs an idle scan little
-        self.stream = ctx.stream(State.READY, names=self.wants_name)
+        self.stream = ctx.stream(State.READY, names=self.wants_name, classes=self.wants_class)
         self.ends_at = ends_at
         self.depth_first = order != "breadth"
         self.registry = ServiceRegistry(ctx.ws)
@@ -116,7 +116,11 @@ class ClaimPass:
         """Whether a marker name may be of a job this manager serves, from its class field
         alone: False only for a known class of a pool or capabilities not ours (an unknown
         or unreadable class passes, so `serves` reports it)."""
-        cid = marker_service(name)
+        return self.wants_class(marker_service(name))
+
+    def wants_class(self, cid: str) -> bool:
+        """Whether jobs of service class `cid` may be ours (see wants_name): a class
+        directory it refuses is never listed."""
         ours = self._ours.get(cid)
         if ours is None:
             sc = self.registry.get(cid)

@@ -67,6 +67,7 @@ class PassContext:
         rest: float = 0.5,
         rest_always: bool = False,
         names: Callable[[str], bool] | None = None,
+        classes: Callable[[str], bool] | None = None,
     ) -> MarkerStream:
         """A manager's stream: it retires the empty directories it walks (ext4 never
         shrinks them, and an idle manager would reread their empty blocks forever) and
@@ -79,6 +80,7 @@ class PassContext:
             rest=rest,
             rest_always=rest_always,
             names=names,
+            classes=classes,
             retire=True,
             remember=True,
         )

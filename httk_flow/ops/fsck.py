@@ -146,15 +146,25 @@ class Fsck:
 
     def _markers(self) -> None:
         self.keys: dict[str, list[JobHandle]] = {}
+        #: markers --repair put back where the walk may still come (counted once)
+        self.moved: list[JobHandle] = []
         for st in State:
-            stream = MarkerStream(self.ws, st, on_bad=self._bad_entry)
+            stream = MarkerStream(self.ws, st, on_bad=self._bad_entry, on_misplaced=self._misplaced)
             while stream.cycles < 1:
                 for h in stream.next_batch(4096):
                     self.report.markers += 1
                     self.keys.setdefault(h.key, []).append(h)
                     self._marker(h)
             stream.close()
-        for key, hs in self.keys.items():
+        seen = {h.path(self.ws) for hs in self.keys.values() for h in hs}
+        for h in self.moved:
+            if h.path(self.ws) not in seen:
+                self.report.markers += 1
+                self.keys[h.key].append(h)
+                self._marker(h)
+        for key, found in self.keys.items():
+            # one file seen twice (put back by --repair where the walk had yet to go)
+            hs = list({h.path(self.ws): h for h in found}.values())
             if len(hs) > 1:
                 hs.sort(key=lambda h: h.marker.generation)
                 for old in hs[:-1]:
@@ -168,6 +178,33 @@ class Fsck:
                         f"by {hs[-1].marker.generation} ({hs[-1].state.value})",
                         fix=old.path(self.ws),
                     )
+
+    def _misplaced(self, path: str, h: JobHandle) -> None:
+        """A marker outside the directory its state and class place it in (a class
+        directory, protocol.md §1): no transition can move it, since each renames a marker
+        from there. Still the job's marker (its payload is no orphan); --repair moves it
+        there, or aside if a marker of that name is there already."""
+        self.keys.setdefault(h.key, [])
+        where = h.path(self.ws)
+        message = f"its marker {path} lies outside {os.path.dirname(where)}"
+        if os.path.lexists(where):
+            self._problem("misplaced_marker", f"job {h.key}", f"{message} (a copy)", fix=path)
+            return
+        self.report.markers += 1  # the job's one marker, wherever it lies
+        repaired = False
+        if self.repair:
+            try:
+                os.makedirs(os.path.dirname(where), exist_ok=True)
+                os.rename(path, where)
+                repaired = True
+            except OSError as e:
+                message = f"{message}; moving it failed: {e.strerror}"
+        self.report.problems.append(
+            Problem("misplaced_marker", f"job {h.key}", message, repaired, True)
+        )
+        if repaired:
+            self.report.markers -= 1  # counted where it now lies
+            self.moved.append(h)
 
     def _bad_entry(self, path: str, why: str) -> None:
         # a directory we cannot list may hold live markers: report it, never move it

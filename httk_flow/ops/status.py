@@ -187,7 +187,12 @@ def workspace_status(
         cut: set[str] = set()  # classes whose walk stopped at the bound
         if fit:
             want = {cid: WALK_PER_SAMPLE * times.per_class for cid in fit}
-            for h in walk_all(ws, State.READY, names=lambda name: marker_service(name) in want):
+            for h in walk_all(
+                ws,
+                State.READY,
+                names=lambda name: marker_service(name) in want,
+                classes=lambda cid: cid in want,
+            ):
                 ready_look.see(h)
                 cid = h.marker.service
                 want[cid] -= 1

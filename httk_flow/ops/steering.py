@@ -18,9 +18,9 @@ from httk_flow.ops.managers import START_ONE, clock, lease_wait
 from httk_flow.protocol import names, requests
 from httk_flow.protocol.children import child_placement
 from httk_flow.protocol.crash import crash_point
+from httk_flow.protocol.discovery import markers_of_placement
 from httk_flow.protocol.durations import compact_duration
 from httk_flow.protocol.frames import AttemptRecord, Body, Last, LastKind
-from httk_flow.protocol.fsio import fs
 from httk_flow.protocol.jobs import fail, registrable
 from httk_flow.protocol.leases import Liveness, read_managers
 from httk_flow.protocol.procs import group_alive
@@ -159,17 +159,7 @@ def cancel(
 def children_of(ws: Workspace, job: JobHandle) -> list[JobHandle]:
     """The job's children, from one listing per state kind of their placement."""
     placement = child_placement(job.placement, job.key)
-    out = []
-    for st in State:
-        try:
-            entries = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
-        except OSError:
-            continue
-        for n in entries:
-            m = names.Marker.parse_or_none(n)
-            if m is not None:
-                out.append(JobHandle(st, placement, m))
-    return out
+    return [JobHandle(st, placement, m) for st, m in markers_of_placement(ws, placement)]
 
 
 def _cancel_one(ws: Workspace, job: JobHandle, reason: str, owners: Owners) -> SteerResult:

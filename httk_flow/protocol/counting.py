@@ -19,7 +19,7 @@ from typing import Final, Generic, TypeVar
 from httk_flow.protocol.discovery import MarkerStream
 from httk_flow.protocol.fsio import FileSystem, fs
 from httk_flow.protocol.handles import JobHandle
-from httk_flow.protocol.names import NB_CLS_RE, SCAN_SEP, Marker, marker_scan
+from httk_flow.protocol.names import NB_CLS_RE, SCAN_SEP, Marker, dir_class, marker_scan
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -84,8 +84,10 @@ def _walk(
     memory: MarkerStream | None = None,
     kept: Callable[[_T], bool] = bool,
     trust: bool = True,
+    enter: Callable[[str], bool] | None = None,
 ) -> Iterator[_T]:
-    """The directories of `stack` and those below them, popped from it.
+    """The directories of `stack` and those below them, popped from it (those below only
+    if `enter` accepts their paths).
 
     `memory`: a remembering stream of the same kind whose filter `kept` answers for (what
     a directory's scan found holds a name it keeps). Directories it knows to hold nothing
@@ -101,6 +103,8 @@ def _walk(
             got = _by_entry(path, scan, plain)
         if got is not None:
             found, subdirs = got
+            if enter is not None:
+                subdirs = [d for d in subdirs if enter(d)]
             if memory is not None:
                 memory.saw(path, started, kept=bool(subdirs) or kept(found))
             yield found
@@ -358,6 +362,11 @@ def markers_wanted(
     it, for a minute)."""
     cut = len(ws.state_dir(state)) + 1
 
+    def enter(path: str) -> bool:
+        """Not a class directory of a class known not to be served (never listed)."""
+        cls = dir_class(path.rpartition("/")[2])
+        return cls is None or cls not in foreign()
+
     def scan(path: str, names: list[str]) -> tuple[tuple[list[JobHandle], int], int]:
         """((the markers `wants` accepts, how many names it accepted), markers)"""
         classes = foreign()
@@ -373,7 +382,10 @@ def markers_wanted(
                 default = _grammar_count(names, unclassed=True, joined=text) if named < n else 0
                 if named + default == n and _grammar_count(names, joined=text) == n:
                     return ([], 0), n
-        placement = path[cut:]
+        placement, cls_dir = path[cut:], ""
+        head, _, last = placement.rpartition("/")
+        if dir_class(last) is not None:
+            placement, cls_dir = head, last
         found: list[JobHandle] = []
         accepted = 0
         others: list[str] = []
@@ -381,7 +393,9 @@ def markers_wanted(
             if wants(name):
                 accepted += 1
                 marker = Marker.parse_or_none(name)
-                if marker is not None:
+                # one outside the directory its class places it in is the stream's to
+                # report; no manager can move it, so it is not work left
+                if marker is not None and ws.class_dir_of(state, marker.service) == cls_dir:
                     found.append(JobHandle(state, placement, marker))
             else:
                 others.append(name)
@@ -395,5 +409,5 @@ def markers_wanted(
     def kept(got: tuple[list[JobHandle], int]) -> bool:
         return got[1] > 0  # a name the filter accepts
 
-    for found, _ in _walk(stack, scan, plain, memory, kept, trust):
+    for found, _ in _walk(stack, scan, plain, memory, kept, trust, enter):
         yield from found

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from httk_flow.protocol.fsio import fs, retire_dir
 from httk_flow.protocol.handles import JobHandle
-from httk_flow.protocol.names import Marker
+from httk_flow.protocol.names import Marker, class_dir, dir_class
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -98,8 +98,8 @@ class _Walk:
 
     root: str  # absolute directory of the state kind + prefix
     placement: str  # placement of `root`
-    #: [placement, open listing, entries it gave so far, path, when listed, entries kept]
-    #: from the root
+    #: [placement, open listing, entries it gave so far, path, when listed, entries kept,
+    #: class directory ("" for a placement's own)] from the root
     stack: list[list[Any]] = field(default_factory=list)
     finished: int = 0
     started: float = 0.0  # when the current cycle began
@@ -128,6 +128,8 @@ class MarkerStream:
         names: Callable[[str], bool] | None = None,
         retire: bool = False,
         remember: bool = False,
+        classes: Callable[[str], bool] | None = None,
+        on_misplaced: Callable[[str, JobHandle], None] | None = None,
     ) -> None:
         """`rest`: seconds between the starts of two cycles when a cycle found nothing
         (or always, with `rest_always`), so an idle kind costs nothing between cycles.
@@ -138,9 +140,17 @@ class MarkerStream:
         removed (fsio.retire_dir, protocol.md §1). `remember`: directories below a root
         found empty and unchanged are stat'ed instead of listed (_QuietDirs), all but every
         RELIST_EVERY-th cycle: an idle manager's scans cost one syscall per directory. With
-        `names`, a directory whose names it all refuses counts as empty there."""
+        `names`, a directory whose names it all refuses counts as empty there.
+
+        `classes`: a class directory (protocol.md §1) is entered only if it accepts the
+        class; one it refuses is passed by unlisted, and counts for nothing.
+        `on_misplaced(path, handle)`: a marker found outside the directory its state and
+        class place it in (else reported to `on_bad`); it is not yielded, since every
+        transition renames a marker from where its state and class place it."""
         self._quiet = _QuietDirs(clock) if remember else None
         self._names = names
+        self._classes = classes
+        self._on_misplaced = on_misplaced
         self._retire = retire
         self.ws = ws
         self._rest = rest
@@ -209,10 +219,11 @@ class MarkerStream:
             if it is None:
                 walk.rest_until = now + self._rest
                 return 0, True
-            walk.stack.append([walk.placement, it, 0, walk.root, now, 0])
+            walk.stack.append([walk.placement, it, 0, walk.root, now, 0, ""])
             walk.started, walk.found = now, 0
         visited = 0
-        wanted = self._names
+        wanted, classes = self._names, self._classes
+        classed = self.ws.class_dirs and self.state is State.READY
         quiet = self._quiet
         skip_quiet = walk.finished % RELIST_EVERY != RELIST_EVERY - 1
         while walk.stack and visited < budget:
@@ -243,6 +254,11 @@ class MarkerStream:
             except OSError:
                 continue
             if is_dir:
+                cls = dir_class(name)
+                if cls is not None and (frame[6] or (classes is not None and not classes(cls))):
+                    if frame[6] and self._on_bad is not None:
+                        self._on_bad(entry.path, "is a class directory inside another")
+                    continue  # another pool's ready jobs: never listed
                 frame[5] += 1
                 if skip_quiet and quiet is not None and quiet.unchanged(entry.path):
                     continue
@@ -256,12 +272,17 @@ class MarkerStream:
                 if sub is not None:
                     walk.stack.append(
                         [
-                            f"{placement}/{name}" if placement else name,
+                            placement
+                            if cls is not None
+                            else f"{placement}/{name}"
+                            if placement
+                            else name,
                             sub,
                             0,
                             entry.path,
                             self._clock() if quiet is not None else 0.0,
                             0,
+                            name if cls is not None else "",
                         ]
                     )
                 continue
@@ -273,11 +294,25 @@ class MarkerStream:
                 if self._on_bad is not None and not name.startswith("."):
                     self._on_bad(entry.path, "is not a marker of the grammar (or not a file)")
                 continue
-            out.append(JobHandle(self.state, placement, marker))
+            handle = JobHandle(self.state, placement, marker)
+            if (class_dir(marker.service) if classed and marker.service else "") != frame[6]:
+                self._misplaced(entry.path, handle)
+                continue
+            out.append(handle)
             walk.found += 1
         if not walk.stack and (self._rest_always or walk.found == 0):
             walk.rest_until = walk.started + self._rest
         return visited, not walk.stack
+
+    def _misplaced(self, path: str, handle: JobHandle) -> None:
+        if self._on_misplaced is not None:
+            self._on_misplaced(path, handle)
+        elif self._on_bad is not None:
+            self._on_bad(
+                path,
+                f"lies outside the directory its state and class place it in "
+                f"({handle.path(self.ws)}); run `flow fsck --repair`",
+            )
 
     def close(self) -> None:
         for w in self._walks:
@@ -304,13 +339,15 @@ def walk_all(
     prefixes: tuple[str, ...] = (),
     *,
     names: Callable[[str], bool] | None = None,
+    classes: Callable[[str], bool] | None = None,
 ) -> Iterator[JobHandle]:
-    """Every marker of a kind (of those whose names `names` accepts), streamed in bounded
-    slices (for read-side commands)."""
+    """Every marker of a kind (of those whose names `names` accepts, in the class
+    directories whose class `classes` accepts), streamed in bounded slices (for read-side
+    commands)."""
     # one stream per prefix: a shared stream restarts a short prefix while a long one
     # is still walking, and would yield the short one's markers again
     for prefix in prefixes or ("",):
-        stream = MarkerStream(ws, state, (prefix,), names=names)
+        stream = MarkerStream(ws, state, (prefix,), names=names, classes=classes)
         try:
             while stream.cycles < 1:
                 yield from stream.next_batch(4096)
@@ -341,20 +378,33 @@ def markers_of_placement(
     """(state, marker) of every marker name directly in one placement (only job `key`'s,
     or those of `keys`, if given), one listing per state kind (in `states` order). A kind
     whose directory cannot be listed is skipped. A name is parsed only when its key (all
-    before the first dot: a key holds none) is wanted."""
+    before the first dot: a key holds none) is wanted. The class directories of the
+    placement's ready jobs are listed too; a marker is taken only where its state and
+    class place it (a transition renames it from there)."""
     prefix = key + "." if key is not None else ""
     for st in states:
-        try:
-            # through the seam, so an NFS model sees (and can delay) these listings too;
-            # read whole, so an error while listing skips the kind rather than half of it
-            entries = [e.name for e in fs.scandir(ws.state_dir(st, placement))]
-        except OSError:
-            continue
-        for name in entries:
-            if not name.startswith(prefix):
-                continue  # cheaper than parsing every other job's name
-            if keys is not None and name.partition(".")[0] not in keys:
+        base = ws.state_dir(st, placement)
+        todo = [("", base)]
+        while todo:
+            cls_dir, path = todo.pop()
+            try:
+                # through the seam, so an NFS model sees (and can delay) these listings
+                # too; read whole, so an error while listing skips the directory rather
+                # than half of it
+                entries = [e.name for e in fs.scandir(path)]
+            except OSError:
                 continue
-            m = Marker.parse_or_none(name)
-            if m is not None and (key is None or m.key == key):
-                yield st, m
+            for name in entries:
+                if dir_class(name) is not None:
+                    if not cls_dir:
+                        todo.append((name, f"{base}/{name}"))
+                    continue
+                if not name.startswith(prefix):
+                    continue  # cheaper than parsing every other job's name
+                if keys is not None and name.partition(".")[0] not in keys:
+                    continue
+                m = Marker.parse_or_none(name)
+                if m is None or (key is not None and m.key != key):
+                    continue
+                if ws.class_dir_of(st, m.service) == cls_dir:
+                    yield st, m

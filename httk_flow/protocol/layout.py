@@ -145,15 +145,16 @@ def state_dir(root: str, kind: str, placement: str = "") -> str:
     return os.path.join(base, placement) if placement else base
 
 
-def state_marker(tree: str, kind: str, placement: str, marker: str) -> str:
-    """A marker's path from a known state root `tree` (hot: twice per transition)."""
-    # placements are validated relative paths, never empty
+def state_marker(tree: str, kind: str, placement: str, marker: str, cls_dir: str = "") -> str:
+    """A marker's path from a state root `tree`, in class directory `cls_dir` (hot)."""
+    if cls_dir:  # placements are validated relative paths, never empty
+        return f"{tree}/{kind}/{placement}/{cls_dir}/{marker}"
     return f"{tree}/{kind}/{placement}/{marker}"
 
 
-def marker_path(root: str, kind: str, placement: str, marker: str) -> str:
+def marker_path(root: str, kind: str, placement: str, marker: str, cls_dir: str = "") -> str:
     """Where a job's marker lies while the job is in state `kind`."""
-    return state_marker(state_root(root), kind, placement, marker)
+    return state_marker(state_root(root), kind, placement, marker, cls_dir)
 
 
 def tmp_dir(root: str) -> str:

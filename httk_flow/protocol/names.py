@@ -51,6 +51,10 @@ MAX_PLACEMENT_DEPTH = 16
 MAX_PLACEMENT_LEN = 512
 #: the longest job key: a 64-character tag, "--" and a 32-digit id
 MAX_KEY_LEN = 64 + 2 + 32
+#: the ready markers of a service class lie in a subdirectory of their placement's, named
+#: this and the class id (policy `class_dirs`, protocol.md §1): no placement component
+#: starts with it, and a manager passes by another pool's directory without listing it
+CLASS_DIR_PREFIX = "@"
 #: a marker is born inside its job's payload under this prefix and moved out by one rename,
 #: so only one actor can ever publish it (protocol.md §6)
 BIRTH_PREFIX = ".birth."
@@ -337,6 +341,17 @@ class Marker:
             group_digest=self.group_digest,
             after=after,
         )
+
+
+def class_dir(service: str) -> str:
+    """The name of the directory that holds the ready markers of class `service`."""
+    return f"{CLASS_DIR_PREFIX}{service}"
+
+
+def dir_class(name: str) -> str | None:
+    """The class whose ready markers a directory of this name holds (None: it is no class
+    directory, but a placement's)."""
+    return name[1:] if name.startswith(CLASS_DIR_PREFIX) else None
 
 
 def marker_service(name: str) -> str:

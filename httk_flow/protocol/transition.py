@@ -196,6 +196,8 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle, *, sync: bool =
             # empty (§1): made before the rename, rather than after a rename that failed
             if fs.makedirs(dst_dir):
                 ws.made_state_dir(dst_dir)
+                if ws.policy.durable:
+                    _fsync_made(ws, dst_dir)  # once per directory made, batch or not
             else:
                 ws.check_state_dir(dst_dir, again=True)  # someone else made it meanwhile
         # retired again before our rename: made again and the rename tried again
@@ -206,6 +208,18 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle, *, sync: bool =
         _fsync_state_dir(dst_dir)
         if os.path.dirname(src) != dst_dir:
             _fsync_state_dir(os.path.dirname(src))
+
+
+def _fsync_made(ws: Workspace, path: str) -> None:
+    """Durable mode: the entries of a state directory just made (a placement's, a class
+    directory, §1), up to its state kind, so a power loss cannot take the directory, and
+    the marker renamed into it, away with it."""
+    parent = os.path.dirname(path)
+    while len(parent) > len(ws.state_root) + 1 and parent.startswith(ws.state_root):
+        _fsync_state_dir(parent)
+        if os.path.dirname(parent) == ws.state_root:
+            break  # the state kind's own entry was made by `flow init`
+        parent = os.path.dirname(parent)
 
 
 def _fsync_state_dir(path: str) -> None:

@@ -17,7 +17,7 @@ from httk_flow.errors import InvalidName, UnsafePath, UsageError, WorkspaceError
 from httk_flow.protocol import layout
 from httk_flow.protocol.fsio import atomic_write, fs, fsync_dir, real_dir
 from httk_flow.protocol.journal import JournalReader, JournalWriter
-from httk_flow.protocol.names import KEY_RE, Marker, new_id
+from httk_flow.protocol.names import KEY_RE, Marker, class_dir, new_id
 from httk_flow.protocol.states import State
 
 FORMAT_NAME = "httk-flow"
@@ -75,6 +75,11 @@ class Policy:
     #: "files": an attempt's output stays in files; "stream": at its commit it is appended
     #: to the manager's log segments and its files removed (protocol revision 5)
     logs: str = "files"
+    #: a ready marker of a service class lies in its class's directory below its
+    #: placement's, `@<class>/` (protocol revision 8): a manager passes by another pool's
+    #: ready jobs without listing them. Set by `flow init`; absent: every ready marker lies
+    #: in its placement's directory, as revisions up to 7 place them
+    class_dirs: bool = False
 
     @classmethod
     def from_json(cls, data: object, where: str) -> Policy:
@@ -115,7 +120,7 @@ class Policy:
 
 
 #: policy keys newer than protocol revision 2
-_WRITTEN_WHEN_SET = ("keep_attempt_files", "logs")
+_WRITTEN_WHEN_SET = ("keep_attempt_files", "logs", "class_dirs")
 #: where an attempt's output lives once it is committed (policy key `logs`)
 LOG_MODES = ("files", "stream")
 
@@ -190,6 +195,8 @@ class Workspace:
         self._known_dirs: set[str] = set()
         self._safe_dirs: set[str] = set()
         self._real_state = os.path.realpath(self.state_root)
+        #: ready markers of a class lie in its class directory (policy `class_dirs`)
+        self.class_dirs = fmt.policy.class_dirs
         #: called after each successful transition made through this object (none: free)
         #: told of every transition made through this object (protocol.transition's
         #: TransitionObserver); typed loosely here, below the module that defines handles
@@ -210,6 +217,7 @@ class Workspace:
         exist_ok: bool = False,
         keep_attempt_files: bool = False,
         logs: str = "files",
+        class_dirs: bool = True,
     ) -> Workspace:
         if logs not in LOG_MODES:
             raise UsageError(f"must be one of {', '.join(LOG_MODES)}", obj=f"--logs {logs}")
@@ -234,6 +242,7 @@ class Workspace:
             lease=float(lease) if lease is not None else Policy.lease,
             keep_attempt_files=keep_attempt_files,
             logs=logs,
+            class_dirs=class_dirs,
         )
         fmt = WorkspaceFormat(workspace_id=new_id(), created=time.time(), policy=policy)
         os.makedirs(flow, exist_ok=True)
@@ -283,7 +292,16 @@ class Workspace:
 
     def marker_path(self, state: State, placement: str, marker: Marker) -> str:
         # hot (twice per transition): from the state root computed once
-        return layout.state_marker(self.state_root, state.value, placement, marker.name)
+        service = marker.service
+        cls_dir = self.class_dir_of(state, service) if service else ""
+        return layout.state_marker(self.state_root, state.value, placement, marker.name, cls_dir)
+
+    def class_dir_of(self, state: State, service: str) -> str:
+        """The class directory that a marker of class `service` lies in, in `state`, below
+        its placement's directory ("": that directory itself)."""
+        if service and state is State.READY and self.class_dirs:
+            return class_dir(service)
+        return ""
 
     def job_dir(self, placement: str, key: str) -> str:
         return layout.job_dir(self.root, placement, key)

@@ -360,6 +360,9 @@ class ChaosConfig:
     freezes: int = 0
     freeze_leases: tuple[float, float] = (1.0, 5.0)
     #: the share of the jobs that are big fan-outs (at least one when above 0), and their size
+    #: pools the jobs are spread over, the default's and p1, p2, ...: each other pool's
+    #: ready jobs lie in a class directory of their own (protocol.md §1)
+    pools: int = 1
     bigfan_share: float = 0.0
     bigfan_children: int = 1000
     #: kills and freezes (taken from --kills and --freezes) aimed at the manager that holds
@@ -846,7 +849,12 @@ def submit_jobs(root: str, program: str, cfg: ChaosConfig, rng: random.Random) -
             params["kids"] = rng.randint(2, 5)
         elif kind == "bigfan":
             params["kids"] = cfg.bigfan_children
-        reqs.append(SubmitRequest(program=program, tag=kind, params=params, retries=cfg.retries))
+        # spread over cfg.pools pools: every ready job but the default pool's lies in a
+        # class directory (protocol.md §1)
+        pool = f"p{len(reqs) % cfg.pools}" if len(reqs) % cfg.pools else None
+        reqs.append(
+            SubmitRequest(program=program, tag=kind, params=params, retries=cfg.retries, pool=pool)
+        )
     ws = Workspace.open(root)
     try:
         specs = list(Submitter(ws, actor="chaos").submit(reqs))
@@ -881,7 +889,11 @@ def scan_markers(root: str) -> dict[str, Placed]:
             with it:
                 for e in it:
                     if e.is_dir(follow_symlinks=False):
-                        stack.append((e.path, f"{placement}/{e.name}" if placement else e.name))
+                        if e.name.startswith("@"):
+                            sub = placement  # a class directory: its placement's ready jobs
+                        else:
+                            sub = f"{placement}/{e.name}" if placement else e.name
+                        stack.append((e.path, sub))
                         continue
                     key = _key_of(e.name)
                     if key:
@@ -908,8 +920,11 @@ def confirmed_duplicates(
         found = defaultdict(list)
         for placement in placements:
             for st in State:
+                d = os.path.join(base, st.value, placement)
                 try:
-                    entries = os.listdir(os.path.join(base, st.value, placement))
+                    entries = os.listdir(d)
+                    for c in [n for n in entries if n.startswith("@")]:
+                        entries += os.listdir(os.path.join(d, c))
                 except OSError:
                     continue
                 for n in entries:
@@ -1037,6 +1052,10 @@ class Driver:
             flow = [sys.executable, "-c", ELSEWHERE, f"node{n:03d}"]
         argv = [*flow, "serve", "-w", self.root, "--workers", str(self.cfg.workers)]
         argv += ["--lease", self.cfg.lease]
+        if self.cfg.pools > 1:
+            argv += ["--pool", "default"]
+            for i in range(1, self.cfg.pools):
+                argv += ["--pool", f"p{i}"]
         log = self.logs / f"manager-{n:03d}.log"
         with open(log, "wb") as out:
             p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
@@ -1817,15 +1836,22 @@ def audit(
     # markers: one per job, each of the grammar, each with its payload
     markers: dict[str, list[tuple[State, str, names.Marker]]] = defaultdict(list)
     base = os.path.join(root, ".flow", "state")
+    class_dirs = Workspace.open(root).class_dirs
     for st in State:
         top = os.path.join(base, st.value)
         for d, _, files in os.walk(top):
             placement = os.path.relpath(d, top)
+            head, _, last = placement.rpartition("/")
+            in_class = last[1:] if last.startswith("@") else ""
+            if in_class:
+                placement = head
             for name in files:
                 m = names.Marker.parse_or_none(name)
                 if m is None:
                     v.append(f"not a marker: {os.path.join(d, name)}")
                     continue
+                if in_class != (m.service if st is State.READY and class_dirs else ""):
+                    v.append(f"a marker outside its class directory: {os.path.join(d, name)}")
                 markers[m.key].append((st, placement, m))
     ws = Workspace.open(root)
     try:
@@ -2039,6 +2065,7 @@ CONFIG_OPTIONS: dict[str, str | None] = {
     "bigfan_children": "children of each big fan-out",
     "aimed": "kills and freezes (of --kills and --freezes) aimed at the manager registering a "
     "big fan-out's children (default: 2 per big fan-out)",
+    "pools": "pools the jobs are spread over (every manager serves them all)",
     "scan_every": "seconds between two reads of the whole state tree during the run",
     "timeout": None,
 }

@@ -107,10 +107,18 @@ def test_a_bounded_chaos_run_violates_no_invariant(chaos_run: Report) -> None:
 def test_a_bounded_chaos_run_with_node_deaths_violates_no_invariant(tmp_path: Path) -> None:
     """Each manager on a host of its own; a manager kill takes its attempts with it, so
     its work can only be taken over on lease evidence (2 x the 2 s lease). The workspace
-    streams output (`--logs stream`)."""
+    streams output (`--logs stream`), and half the jobs are of a second pool, whose ready
+    markers lie in class directories (protocol.md §1)."""
     # output streamed into log segments: a kill mid-commit must lose none of it either
     cfg = replace(
-        CI, jobs=80, kills=10, nodes=True, logs="stream", seed=CI.seed + 1, workdir=str(tmp_path)
+        CI,
+        jobs=80,
+        kills=10,
+        nodes=True,
+        logs="stream",
+        pools=2,
+        seed=CI.seed + 1,
+        workdir=str(tmp_path),
     )
     r = run_chaos(cfg, say=lambda _: None)
     _assert_clean(r)

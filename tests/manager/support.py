@@ -479,24 +479,33 @@ def markers_at(root: str, placement: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     base = Path(root) / ".flow" / "state"
     for st in State:
-        d = base / st.value / placement
-        try:
-            names = [e.name for e in os.scandir(d) if e.is_file(follow_symlinks=False)]
-        except OSError:
-            continue
-        for n in names:
-            out.setdefault(n.split(".p", 1)[0], []).append(str(d / n))
+        for d in _with_class_dirs(base / st.value / placement):
+            try:
+                names = [e.name for e in os.scandir(d) if e.is_file(follow_symlinks=False)]
+            except OSError:
+                continue
+            for n in names:
+                out.setdefault(n.split(".p", 1)[0], []).append(str(d / n))
     return out
+
+
+def _with_class_dirs(d: Path) -> list[Path]:
+    """A placement's state directory and its class directories (`@<class>`, ready jobs)."""
+    try:
+        return [d, *(d / e.name for e in os.scandir(d) if e.name.startswith("@"))]
+    except OSError:
+        return [d]
 
 
 def locate(root: str, placement: str, key: str) -> tuple[State, str] | None:
     """(state, marker name) of one job, found by listing each state kind of its placement."""
     base = Path(root) / ".flow" / "state"
     for st in State:
-        with contextlib.suppress(OSError):
-            for e in os.scandir(base / st.value / placement):
-                if e.name.startswith(key + ".p"):
-                    return st, e.name
+        for d in _with_class_dirs(base / st.value / placement):
+            with contextlib.suppress(OSError):
+                for e in os.scandir(d):
+                    if e.name.startswith(key + ".p"):
+                        return st, e.name
     return None
 
 
