@@ -1,12 +1,14 @@
 """Issue #18's backlog figures: two source trees interleaved in one run.
 
     python benchmarks/backlog_pools.py --base OLD_TREE --new NEW_TREE --tmp DIR \\
-        [--pool-b WS] [--finished WS] [--status WS ...] [--reps 3]
+        [--pool-b WS [--pool-b-new WS2]] [--finished WS] [--status WS ...] [--reps 3]
 
 - pool: `flow run --pool A --workers 2` of 1,000 pool-A jobs in an empty workspace and
   beside the ready jobs of another pool (`--pool-b`, made with `flow submit --pool B
   --array 1-N` and registered); reported per tree as the ratio beside / empty, per
-  repetition, so the machine's load cancels out.
+  repetition, so the machine's load cancels out. `--pool-b-new`: the new tree's own such
+  workspace, made by it (a layout the base tree does not read, as protocol revision 8's
+  class directories).
   Then the CPU over 20 s of `flow run --pool A --idle 3600` waiting beside them.
 - idle: the CPU of an idle `flow serve --workers 2` over 20 s in a workspace whose jobs all
   finished (`--finished`). Before each side, every emptied state directory is grown again to
@@ -142,6 +144,7 @@ def main() -> None:
     ap.add_argument("--new", required=True)
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--pool-b")
+    ap.add_argument("--pool-b-new", help="the new tree's pool-B workspace (default: --pool-b)")
     ap.add_argument("--finished")
     ap.add_argument("--status", nargs="*", default=[])
     ap.add_argument("--jobs", type=int, default=1000)
@@ -151,13 +154,14 @@ def main() -> None:
     a = ap.parse_args()
     trees = {"base": a.base, "new": a.new}
     if a.pool_b:
+        pool_b = {"base": a.pool_b, "new": a.pool_b_new or a.pool_b}
         ratios: dict[str, list[float]] = {k: [] for k in trees}
         for rep in range(a.reps):
             for name, tree in trees.items():
                 empty = os.path.join(tempfile.mkdtemp(dir=a.tmp), "ws")
                 _run(tree, "init", empty)
                 e = pool_once(tree, empty, a.jobs)
-                b = pool_once(tree, a.pool_b, a.jobs)
+                b = pool_once(tree, pool_b[name], a.jobs)
                 ratios[name].append(b / e)
                 print(
                     f"pool rep {rep} {name}: empty {e:.2f}s beside {b:.2f}s "
@@ -172,7 +176,7 @@ def main() -> None:
         how = ("run", "--pool", "A", "--workers", "2", "--idle", "3600")
         for rep in range(a.reps):
             for name, tree in trees.items():
-                c = idle_once(tree, a.pool_b, a.idle_seconds, *how)
+                c = idle_once(tree, pool_b[name], a.idle_seconds, *how)
                 beside[name].append(c)
                 print(
                     f"idle beside rep {rep} {name}: {c:.2f}s CPU in {a.idle_seconds:g}s "
