@@ -18,6 +18,9 @@
   leave them (N/256 marker-long names each, made and removed), so a workspace where a
   thousand jobs ran stands for one where N did.
 - status: `flow status` wall time in each `--status` workspace.
+
+Against a base tree before protocol revision 8, make the `--finished` and `--status`
+workspaces with `flow init --no-class-dirs` (that tree refuses class directories).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@
 Each workspace is made by `flow init` and a few real submissions (registered, so their
 service class and group records exist), then filled with marker files written directly in
 the layout the engine makes (`.flow/state/<kind>/jobs/<2 hex digits>/<marker>`, no job
-directory: `flow status` reads names only). The mix: 85% ready, 4% submitted, 7%
-succeeded, 2% failed, 1% waiting, 1% cancelled; a fifth of the keys tagged (tags ending
-in '-' or holding '--' among them), a tenth of ready markers of another pool's class,
+directory: `flow status` reads names only; a ready marker of a class in its class
+directory, `.../jobs/<2 hex digits>/@<class>/`, unless `--flat`). The mix: 85% ready,
+4% submitted, 7% succeeded, 2% failed, 1% waiting, 1% cancelled; a fifth of the keys
+tagged (tags ending in '-' or holding '--' among them), a tenth of ready markers of another
+pool's class,
 one in twenty with a not-before field (half of them in the future), half with a group
 field; child jobs in a subdirectory of their parent's shard, a placement whose name holds
 a dot, and stray names (an editor's temporary file, a `.birth.` name, a name holding a
@@ -121,9 +123,13 @@ def _touch(path: str) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
 
-def build(ws: str, tree: str, n: int, seed: int = 18) -> dict[str, int]:
-    """A workspace of about `n` jobs; the marker count made per state kind."""
-    subprocess.run(_flow("init", ws), env=_env(tree), check=True, stdout=subprocess.DEVNULL)
+def build(ws: str, tree: str, n: int, seed: int = 18, *init: str) -> dict[str, int]:
+    """A workspace of about `n` jobs (`flow init` given `init`); the marker count made per
+    state kind. A ready marker of a class lies in its class directory where the policy
+    says so (`class_dirs`, protocol revision 8)."""
+    subprocess.run(_flow("init", *init, ws), env=_env(tree), check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(ws, ".flow", "format.json"), "rb") as f:
+        class_dirs = json.load(f)["policy"].get("class_dirs", False)
     writer, cls, grp = _real_fields(ws, tree)
     rng = random.Random(seed)
     state = os.path.join(ws, ".flow", "state")
@@ -144,6 +150,8 @@ def build(ws: str, tree: str, n: int, seed: int = 18) -> dict[str, int]:
             d = os.path.join(state, kind, "runs", "v1.2")
         else:
             d = os.path.join(state, kind, "jobs", shard)
+        if class_dirs and kind == "ready" and f".c{cls}." in name:
+            d = os.path.join(d, f"@{cls}")
         if d not in known:
             os.makedirs(d, exist_ok=True)
             known.add(d)
@@ -207,6 +215,12 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="leave the workspaces behind")
+    ap.add_argument(
+        "--flat",
+        action="store_true",
+        help="make the workspaces with --no-class-dirs: a base tree before protocol "
+        "revision 8 refuses one with class directories",
+    )
     a = ap.parse_args()
     trees = {"base": a.base, "new": a.new}
     root = os.path.join(a.tmp, f"status-scale-{os.getpid()}")
@@ -217,7 +231,7 @@ def main() -> None:
         for n in a.sizes:
             ws = os.path.join(root, f"ws-{n}")
             t0 = time.perf_counter()
-            made = build(ws, a.new, n)
+            made = build(ws, a.new, n, 18, *(("--no-class-dirs",) if a.flat else ()))
             print(
                 f"{n} jobs built in {time.perf_counter() - t0:.1f}s: "
                 + ", ".join(f"{k} {v}" for k, v in sorted(made.items())),

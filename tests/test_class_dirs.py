@@ -187,6 +187,19 @@ def test_a_marker_outside_its_class_directory_is_reported_passed_by_and_put_back
     ws.close()
 
 
+def _recording_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The directories transitions fsync from now on, in order (each fsync still made)."""
+    synced: list[str] = []
+    real = transition_module.fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        synced.append(path)
+        real(path)
+
+    monkeypatch.setattr(transition_module, "fsync_dir", fsync_dir)
+    return synced
+
+
 def test_durable_the_directories_made_for_a_rename_are_made_durable_in_their_parents(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -197,14 +210,7 @@ def test_durable_the_directories_made_for_a_rename_are_made_durable_in_their_par
     [spec] = Submitter(ws, actor="t").submit([SubmitRequest(program="true", pool="B")])
     job = locate_key(ws, spec.placement, spec.key)
     assert job is not None and job.state is State.SUBMITTED
-    synced: list[str] = []
-    real = transition_module.fsync_dir
-
-    def fsync_dir(path: str) -> None:
-        synced.append(path)
-        real(path)
-
-    monkeypatch.setattr(transition_module, "fsync_dir", fsync_dir)
+    synced = _recording_fsyncs(monkeypatch)
     ready = transition(ws, job, State.READY, Body(), actor="t")
     made = os.path.dirname(ready.path(ws))
     assert os.path.basename(made).startswith("@")
@@ -217,3 +223,127 @@ def test_durable_the_directories_made_for_a_rename_are_made_durable_in_their_par
     transition(ws, claimed, State.READY, Body(), actor="t")
     assert shard not in synced  # made once: only the directories renamed in and out
     ws.close()
+
+
+def _astray_job(tmp_path: Path) -> tuple[str, str, str]:
+    """A workspace of one registered job of pool B whose ready marker was moved by hand out
+    of its class directory: (root, where it lies, where it belongs)."""
+    root = str(tmp_path / "ws")
+    ok("init", root)
+    ok("-w", root, "submit", "--pool", "B", "/bin/true")
+    ok("-w", root, "run", "--pool", "none", "--idle", "0", "--quiet")
+    ws = Workspace.open(root)
+    [rel] = markers_in(ws, State.READY)
+    right = os.path.join(ws.state_dir(State.READY), rel)
+    wrong = os.path.join(os.path.dirname(os.path.dirname(right)), os.path.basename(right))
+    os.rename(right, wrong)
+    ws.close()
+    return root, wrong, right
+
+
+def test_gc_keeps_the_history_of_a_job_whose_marker_is_misplaced(tmp_path: Path) -> None:
+    """No lookup finds a misplaced marker, but its job's journal segments stay: gc walks
+    it as any other, says so, and leaves its streamed output alone."""
+    root, wrong, right = _astray_job(tmp_path)
+    old = 1_000_000_000.0  # 2001: older than any retention
+    for d, _, files in os.walk(os.path.join(root, ".flow", "journal")):
+        for f in files:
+            os.utime(os.path.join(d, f), (old, old))
+    r = flow("-w", root, "gc", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = orjson.loads(r.stdout)
+    assert doc["misplaced"] == 1
+    assert not [i for i in doc["collected"] if i["kind"] == "journal_segment"], doc
+    r = flow("-w", root, "gc")
+    assert "1 marker(s) lie outside the directory their class places them in" in r.stderr
+    assert "flow fsck --repair" in r.stderr
+    fsck = orjson.loads(flow("-w", root, "fsck", "--repair", "--json").stdout)
+    assert [(p["kind"], p["repaired"]) for p in fsck["problems"]] == [("misplaced_marker", True)]
+    assert os.path.isfile(right) and not os.path.exists(wrong)
+    ok("-w", root, "run", "--pool", "B", "--idle", "0", "--quiet")
+    assert _states(root) == {"succeeded": 1}
+
+
+def test_fsck_sets_a_stale_misplaced_copy_aside_and_never_makes_it_claimable(
+    tmp_path: Path,
+) -> None:
+    """A copy of a finished job's old ready marker, left where revision 7 placed it: it is
+    superseded, so --repair sets it aside (lost+found), never into the class directory
+    where a manager would claim it and run the job again."""
+    root, wrong, right = _astray_job(tmp_path)
+    os.rename(wrong, right)
+    stale = Path(wrong)
+    stale.write_bytes(b"")  # the copy, beside the job's real marker
+    ok("-w", root, "run", "--pool", "B", "--idle", "0", "--quiet")
+    assert stale.exists()
+    fsck = orjson.loads(flow("-w", root, "fsck", "--json").stdout)
+    [problem] = fsck["problems"]
+    assert (
+        problem["kind"] == "misplaced_marker" and "superseded by generation" in problem["message"]
+    )
+    fsck = orjson.loads(flow("-w", root, "fsck", "--repair", "--json").stdout)
+    [problem] = fsck["problems"]
+    assert problem["repaired"] and not stale.exists() and not os.path.exists(right)
+    assert os.listdir(os.path.join(root, ".flow", "lost+found"))
+    ok("-w", root, "run", "--pool", "B", "--idle", "0", "--quiet")
+    assert _states(root) == {"succeeded": 1}
+    assert orjson.loads(ok("-w", root, "fsck", "--json"))["problems"] == []
+
+
+def test_a_directory_inside_a_class_directory_is_a_bad_entry_not_a_placement(
+    tmp_path: Path,
+) -> None:
+    root, wrong, right = _astray_job(tmp_path)
+    os.rename(wrong, right)
+    odd = Path(os.path.dirname(right), "sub")
+    odd.mkdir()
+    fsck = orjson.loads(flow("-w", root, "fsck", "--repair", "--json").stdout)
+    [problem] = fsck["problems"]
+    assert problem["kind"] == "bad_entry" and problem["object"] == str(odd)
+    assert "inside a class directory" in problem["message"] and not problem["repaired"]
+    ok("-w", root, "run", "--pool", "B", "--idle", "0", "--quiet")
+    assert _states(root) == {"succeeded": 1}
+
+
+def test_durable_a_directory_made_again_after_its_retirement_is_made_durable_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory is known to this process, then retired by another actor (§1): the
+    rename that finds it gone makes it again, and fsyncs its parents as the first did."""
+    ws = Workspace.create(str(tmp_path / "ws"), durable=True)
+    [spec] = Submitter(ws, actor="t").submit([SubmitRequest(program="true", pool="B")])
+    job = locate_key(ws, spec.placement, spec.key)
+    assert job is not None
+    ready = transition(ws, job, State.READY, Body(), actor="t")
+    claimed = transition(ws, ready, State.CLAIMED, Body(), actor="t")
+    made = os.path.dirname(ready.path(ws))
+    os.rmdir(made)  # emptied, and retired by another manager
+    synced = _recording_fsyncs(monkeypatch)
+    again = transition(ws, claimed, State.READY, Body(), actor="t")
+    assert os.path.isfile(again.path(ws))
+    assert ws.state_dir(State.READY, spec.placement) in synced, synced
+    ws.close()
+
+
+def test_a_flat_workspace_takes_class_directories_by_its_policy_key_and_fsck_repair(
+    tmp_path: Path,
+) -> None:
+    """docs/operations.md's way to give a workspace of an earlier revision the layout:
+    managers stopped, the key added by hand, `flow fsck --repair` moves every ready job of
+    a class into its directory; nothing is lost and each job runs once."""
+    root = _workspace(tmp_path, "--no-class-dirs")
+    fmt = Path(root, ".flow", "format.json")
+    doc = orjson.loads(fmt.read_bytes())
+    doc["policy"]["class_dirs"] = True
+    fmt.write_bytes(orjson.dumps(doc))
+    fsck = orjson.loads(flow("-w", root, "fsck", "--json").stdout)
+    assert [p["kind"] for p in fsck["problems"]] == ["misplaced_marker"] * 10
+    fsck = orjson.loads(flow("-w", root, "fsck", "--repair", "--json").stdout)
+    assert all(p["repaired"] for p in fsck["problems"]) and len(fsck["problems"]) == 10
+    ws = Workspace.open(root)
+    assert sum(1 for p in markers_in(ws, State.READY) if "/@" in p) == 10
+    ws.close()
+    for pool in ("A", "B", "default"):
+        ok("-w", root, "run", "--pool", pool, "--idle", "0", "--quiet")
+    assert _states(root) == {"succeeded": 12}
+    assert orjson.loads(ok("-w", root, "fsck", "--json"))["problems"] == []

@@ -63,10 +63,17 @@ def gc(app: App, /, dry_run: bool, as_json: bool) -> None:
                 "dry_run": dry_run,
                 "bytes": r.bytes,
                 "kept_segments": r.kept_segments,
+                "misplaced": r.misplaced,
                 "collected": [i.to_json() for i in r.items],
             }
         )
         return
+    if r.misplaced:
+        app.warn(
+            f"{r.misplaced} marker(s) lie outside the directory their class places them in: "
+            "their histories are kept and no streamed output was collected; run "
+            "`flow fsck --repair` to put them back"
+        )
     verb = "would collect" if dry_run else "collected"
     for i in r.items:
         app.echo(f"{verb}: {i.kind} {i.path} ({human_size(i.bytes)})")

@@ -29,7 +29,7 @@ from httk_flow.protocol.leases import Liveness
 from httk_flow.protocol.logstream import read_record
 from httk_flow.protocol.states import State
 from httk_flow.protocol.submit import move_birth
-from httk_flow.protocol.transition import JobHandle, locate_key
+from httk_flow.protocol.transition import JobHandle, locate_key, put_back
 from httk_flow.protocol.workspace import Workspace
 
 #: a temporary or unreferenced payload younger than this may belong to a live operation
@@ -146,25 +146,17 @@ class Fsck:
 
     def _markers(self) -> None:
         self.keys: dict[str, list[JobHandle]] = {}
-        #: markers --repair put back where the walk may still come (counted once)
-        self.moved: list[JobHandle] = []
+        #: markers outside the directory their state and class place them in, by key
+        self.astray: dict[str, list[tuple[str, JobHandle]]] = {}
         for st in State:
-            stream = MarkerStream(self.ws, st, on_bad=self._bad_entry, on_misplaced=self._misplaced)
+            stream = MarkerStream(self.ws, st, on_bad=self._bad_entry, on_misplaced=self._astray)
             while stream.cycles < 1:
                 for h in stream.next_batch(4096):
                     self.report.markers += 1
                     self.keys.setdefault(h.key, []).append(h)
                     self._marker(h)
             stream.close()
-        seen = {h.path(self.ws) for hs in self.keys.values() for h in hs}
-        for h in self.moved:
-            if h.path(self.ws) not in seen:
-                self.report.markers += 1
-                self.keys[h.key].append(h)
-                self._marker(h)
-        for key, found in self.keys.items():
-            # one file seen twice (put back by --repair where the walk had yet to go)
-            hs = list({h.path(self.ws): h for h in found}.values())
+        for key, hs in self.keys.items():
             if len(hs) > 1:
                 hs.sort(key=lambda h: h.marker.generation)
                 for old in hs[:-1]:
@@ -178,33 +170,62 @@ class Fsck:
                         f"by {hs[-1].marker.generation} ({hs[-1].state.value})",
                         fix=old.path(self.ws),
                     )
+        for key, astray in self.astray.items():
+            self._misplaced(key, astray)
 
-    def _misplaced(self, path: str, h: JobHandle) -> None:
+    def _astray(self, path: str, h: JobHandle) -> None:
         """A marker outside the directory its state and class place it in (a class
         directory, protocol.md §1): no transition can move it, since each renames a marker
-        from there. Still the job's marker (its payload is no orphan); --repair moves it
-        there, or aside if a marker of that name is there already."""
-        self.keys.setdefault(h.key, [])
+        from there. Judged once every marker of its job is known (_misplaced)."""
+        self.report.markers += 1
+        self.astray.setdefault(h.key, []).append((path, h))
+
+    def _misplaced(self, key: str, astray: list[tuple[str, JobHandle]]) -> None:
+        """The misplaced markers of one job. The newest is the job's marker if no marker
+        in place is as new: --repair moves it there (no actor else can move it, nor make
+        another of its job meanwhile). Every other is a stale copy, set aside by --repair."""
+        placed = self.keys.setdefault(key, [])  # its payload is no orphan either way
+        astray.sort(key=lambda pair: pair[1].marker.generation)
+        newest = max((h.marker.generation for h in placed), default=-1)
+        *stale, (path, h) = astray
+        for p, old in stale:
+            self._misplaced_copy(p, old, max(newest, h.marker.generation))
         where = h.path(self.ws)
-        message = f"its marker {path} lies outside {os.path.dirname(where)}"
-        if os.path.lexists(where):
-            self._problem("misplaced_marker", f"job {h.key}", f"{message} (a copy)", fix=path)
+        if newest >= h.marker.generation or os.path.lexists(where):
+            self._misplaced_copy(path, h, max(newest, h.marker.generation))
             return
-        self.report.markers += 1  # the job's one marker, wherever it lies
+        message = f"its marker {path} lies outside {os.path.dirname(where)}"
+        if placed:
+            # a marker in place, of an older generation: which is the job's is for a person
+            self._problem(
+                "misplaced_marker",
+                f"job {key}",
+                f"{message}, and a marker of an older generation "
+                f"({placed[-1].marker.generation}, {placed[-1].state.value}) is in place",
+            )
+            return
         repaired = False
         if self.repair:
             try:
-                os.makedirs(os.path.dirname(where), exist_ok=True)
-                os.rename(path, where)
+                put_back(self.ws, path, h)
                 repaired = True
-            except OSError as e:
-                message = f"{message}; moving it failed: {e.strerror}"
+            except (OSError, FlowError) as e:
+                message = f"{message}; moving it failed: {e}"
         self.report.problems.append(
-            Problem("misplaced_marker", f"job {h.key}", message, repaired, True)
+            Problem("misplaced_marker", f"job {key}", message, repaired, True)
         )
         if repaired:
-            self.report.markers -= 1  # counted where it now lies
-            self.moved.append(h)
+            placed.append(h)
+            self._marker(h)
+
+    def _misplaced_copy(self, path: str, h: JobHandle, newest: int) -> None:
+        self._problem(
+            "misplaced_marker",
+            f"job {h.key}",
+            f"its marker {path} (generation {h.marker.generation}) lies outside the "
+            f"directory its class places it in, and is superseded by generation {newest}",
+            fix=path,
+        )
 
     def _bad_entry(self, path: str, why: str) -> None:
         # a directory we cannot list may hold live markers: report it, never move it

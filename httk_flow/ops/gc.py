@@ -8,6 +8,7 @@ persistent workdir, never a live attempt.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import stat
@@ -21,6 +22,7 @@ from httk_flow.ops.lookup import view
 from httk_flow.protocol import layout, logstream, requests
 from httk_flow.protocol.after import DependencySets
 from httk_flow.protocol.discovery import markers_of_placement, walk_all
+from httk_flow.protocol.handles import JobHandle
 from httk_flow.protocol.journal import iter_segment, segment_name
 from httk_flow.protocol.leases import read_managers
 from httk_flow.protocol.states import State
@@ -46,6 +48,9 @@ class GcReport:
     dry_run: bool
     items: list[Collected] = field(default_factory=list)
     kept_segments: int = 0
+    #: markers outside the directory their class places them in (`flow fsck --repair`
+    #: puts them back): their jobs' histories are kept, their streamed output not judged
+    misplaced: int = 0
 
     @property
     def bytes(self) -> int:
@@ -72,7 +77,10 @@ def collect(ws: Workspace, *, dry_run: bool, now: float | None = None) -> GcRepo
         with lock.acquire(timeout=0):
             _attempts(ws, report, now)
             _segments(ws, report, now)
-            _log_segments(ws, report, now)
+            if not report.misplaced:
+                # a job whose marker is misplaced is found by no lookup: its output would
+                # look like a gone job's
+                _log_segments(ws, report, now)
             _managers(ws, report, now)
             _requests(ws, report, now)
             _dependency_sets(ws, report, now)
@@ -155,10 +163,13 @@ def _attempt_files(job_dir: str) -> list[tuple[int, str, bool]]:
 def _segments(ws: Workspace, report: GcReport, now: float) -> None:
     """Delete old segments no job's history reaches (every marker's chain is walked)."""
     reachable: set[tuple[str, int]] = set()
+    misplaced: list[JobHandle] = []
     for st in State:
-        for h in walk_all(ws, st):
+        for h in itertools.chain(walk_all(ws, st, misplaced=misplaced), misplaced):
             for ref in ws.reader.refs(h.marker.ref):
                 reachable.add((ref.writer, ref.segment))
+        report.misplaced += len(misplaced)
+        misplaced.clear()
     horizon = now - ws.policy.keep_journal_days * DAY
     try:
         writers = list(os.scandir(ws.journal_dir))

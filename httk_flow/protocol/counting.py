@@ -363,8 +363,12 @@ def markers_wanted(
     cut = len(ws.state_dir(state)) + 1
 
     def enter(path: str) -> bool:
-        """Not a class directory of a class known not to be served (never listed)."""
-        cls = dir_class(path.rpartition("/")[2])
+        """Not a class directory of a class known not to be served (never listed), nor
+        a directory inside a class directory (which holds markers only)."""
+        parent, _, name = path.rpartition("/")
+        if dir_class(parent.rpartition("/")[2]) is not None:
+            return False
+        cls = dir_class(name)
         return cls is None or cls not in foreign()
 
     def scan(path: str, names: list[str]) -> tuple[tuple[list[JobHandle], int], int]:

@@ -255,9 +255,11 @@ class MarkerStream:
                 continue
             if is_dir:
                 cls = dir_class(name)
-                if cls is not None and (frame[6] or (classes is not None and not classes(cls))):
-                    if frame[6] and self._on_bad is not None:
-                        self._on_bad(entry.path, "is a class directory inside another")
+                if frame[6]:  # a class directory holds markers only
+                    if self._on_bad is not None:
+                        self._on_bad(entry.path, "is a directory inside a class directory")
+                    continue
+                if cls is not None and classes is not None and not classes(cls):
                     continue  # another pool's ready jobs: never listed
                 frame[5] += 1
                 if skip_quiet and quiet is not None and quiet.unchanged(entry.path):
@@ -340,14 +342,19 @@ def walk_all(
     *,
     names: Callable[[str], bool] | None = None,
     classes: Callable[[str], bool] | None = None,
+    misplaced: list[JobHandle] | None = None,
 ) -> Iterator[JobHandle]:
     """Every marker of a kind (of those whose names `names` accepts, in the class
     directories whose class `classes` accepts), streamed in bounded slices (for read-side
-    commands)."""
+    commands). `misplaced`: markers outside the directory their class places them in
+    (§1) are added to it (else passed by)."""
+    on_misplaced = None if misplaced is None else (lambda _p, h: misplaced.append(h))
     # one stream per prefix: a shared stream restarts a short prefix while a long one
     # is still walking, and would yield the short one's markers again
     for prefix in prefixes or ("",):
-        stream = MarkerStream(ws, state, (prefix,), names=names, classes=classes)
+        stream = MarkerStream(
+            ws, state, (prefix,), names=names, classes=classes, on_misplaced=on_misplaced
+        )
         try:
             while stream.cycles < 1:
                 yield from stream.next_batch(4096)

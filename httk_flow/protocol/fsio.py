@@ -306,14 +306,16 @@ def makedirs(path: str) -> None:
 RECREATE_TRIES: Final = 32
 
 
-def rename_recreating(src: str, dst: str, on_made: Callable[[str], object] | None = None) -> None:
+def rename_recreating(
+    src: str, dst: str, on_made: Callable[[str, bool], object] | None = None
+) -> None:
     """rename(src, dst), making dst's directory when it is missing and trying again.
 
     A state shard directory may be removed once empty (protocol.md §1), also between our
     making it and our rename: so a bounded number of times. ENOENT with the source gone
     (another actor moved it), and any other error, is the caller's to resolve.
-    `on_made(directory)` checks a directory someone else made before we rename into it
-    (one this call made is a plain directory, and the rename follows at once)."""
+    `on_made(directory, by_us)` is told of the directory made again before we rename into
+    it, by this call (a plain directory) or by someone else (to be checked)."""
     dst_dir = os.path.dirname(dst)
     for attempt in range(RECREATE_TRIES):
         try:
@@ -322,8 +324,9 @@ def rename_recreating(src: str, dst: str, on_made: Callable[[str], object] | Non
         except FileNotFoundError:
             if attempt == RECREATE_TRIES - 1 or not fs.exists(src):
                 raise
-        if not fs.makedirs(dst_dir) and on_made is not None:
-            on_made(dst_dir)
+        by_us = fs.makedirs(dst_dir)
+        if on_made is not None:
+            on_made(dst_dir, by_us)
 
 
 def retire_dir(path: str, min_bytes: int, st: os.stat_result | None = None) -> bool:

@@ -190,24 +190,52 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle, *, sync: bool =
     `sync=False`: the caller makes both directories durable itself (durable mode)."""
     src, dst = old.path(ws), new.path(ws)
     dst_dir = os.path.dirname(dst)
+    durable = ws.policy.durable
+
+    def made(d: str, by_us: bool) -> None:
+        # a directory someone else made just now is checked (one we made is plain, and the
+        # rename follows at once), and in durable mode its entry and its parents' are made
+        # durable (once per directory made, batch or not), whoever made it: its maker may
+        # not have done so yet
+        if not by_us:
+            ws.check_state_dir(d, again=True)
+        if durable:
+            _fsync_made(ws, d)
+
     try:
         if not ws.check_state_dir(dst_dir):
             # the first job of this placement in this state, or a directory retired once
             # empty (§1): made before the rename, rather than after a rename that failed
-            if fs.makedirs(dst_dir):
+            by_us = fs.makedirs(dst_dir)
+            if by_us:
                 ws.made_state_dir(dst_dir)
-                if ws.policy.durable:
-                    _fsync_made(ws, dst_dir)  # once per directory made, batch or not
-            else:
-                ws.check_state_dir(dst_dir, again=True)  # someone else made it meanwhile
+            made(dst_dir, by_us)
         # retired again before our rename: made again and the rename tried again
-        rename_recreating(src, dst, lambda d: ws.check_state_dir(d, again=True))
+        rename_recreating(src, dst, made)
     except OSError as e:
         _resolve(ws, old, new, e)
     if sync and ws.policy.durable:
         _fsync_state_dir(dst_dir)
         if os.path.dirname(src) != dst_dir:
             _fsync_state_dir(os.path.dirname(src))
+
+
+def put_back(ws: Workspace, src: str, where: JobHandle) -> None:
+    """Rename a marker found at `src`, outside the directory its state and class place it
+    in (§1), to there (`flow fsck --repair`; no actor else moves it): its directory made
+    if missing, and everything durable in durable mode. OSError: it stays where it was."""
+    dst = where.path(ws)
+    dst_dir = os.path.dirname(dst)
+    if fs.makedirs(dst_dir):
+        ws.made_state_dir(dst_dir)
+        if ws.policy.durable:
+            _fsync_made(ws, dst_dir)
+    else:
+        ws.check_state_dir(dst_dir, again=True)
+    fs.rename(src, dst)
+    if ws.policy.durable:
+        _fsync_state_dir(dst_dir)
+        _fsync_state_dir(os.path.dirname(src))
 
 
 def _fsync_made(ws: Workspace, path: str) -> None:

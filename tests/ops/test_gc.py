@@ -87,8 +87,9 @@ def test_gc_keeps_the_last_attempt_live_attempts_workdirs_and_every_history(
     n_segments = len(list((Path(flow.root) / ".flow" / "journal").glob("*/*.jsonl")))
 
     dry = flow.json("gc", "--dry-run")
-    assert set(dry) == {"dry_run", "bytes", "kept_segments", "collected"}
+    assert set(dry) == {"dry_run", "bytes", "kept_segments", "misplaced", "collected"}
     assert dry["dry_run"] is True and dry["kept_segments"] == n_segments - 1
+    assert dry["misplaced"] == 0
     assert {(i["kind"], i["path"]) for i in dry["collected"]} == expected
     assert dry["bytes"] == sum(i["bytes"] for i in dry["collected"]) > 0
     out = flow.ok("gc", "--dry-run").splitlines()
