@@ -77,9 +77,15 @@ def faketime_env(offset: str, tmp: Path) -> dict[str, str]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(why)
         pytest.skip(why)
-    out = subprocess.run(
-        [exe, "-f", offset, "env"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout
+    # `faketime -f +2h env` once exited 1 in a clean-clone CI run and never since, by hand
+    # or in 40 runs (its stderr was not kept): a few tries, and what it said if all fail
+    for _ in range(5):
+        got = subprocess.run([exe, "-f", offset, "env"], capture_output=True, text=True, timeout=30)
+        if got.returncode == 0:
+            break
+    else:
+        raise AssertionError(f"faketime -f {offset} env failed: {got.stderr}")
+    out = got.stdout
     seen = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     # FAKETIME_SHARED names the command's own shared memory, gone once it exits
     env = {k: seen[k] for k in ("LD_PRELOAD", "FAKETIME") if k in seen}
