@@ -178,6 +178,19 @@ def duplicate_note(attempt: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def record_listdir(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every directory os.listdir lists from now on, in order (each still listed)."""
+    listed: list[str] = []
+    real = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    return listed
+
+
 def markers_in(ws: Workspace, state: State) -> list[str]:
     """Relative paths of every file under one state kind (a plain os.walk, for assertions)."""
     root = ws.state_dir(state)

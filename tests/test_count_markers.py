@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 import pytest
+from helpers import record_listdir
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -557,14 +558,7 @@ def test_a_look_passes_by_the_class_directories_of_classes_not_served_unlisted(
         assert os.path.isdir(ws.state_dir(State.READY, "jobs/ab/@q1"))
         astray = _name(service="q2")
         _plant(ws, State.READY, [("jobs/cd", astray)])  # where revision 7 placed it
-        listed: list[str] = []
-        real = os.listdir
-
-        def listdir(path: str) -> list[str]:
-            listed.append(path)
-            return real(path)
-
-        monkeypatch.setattr(os, "listdir", listdir)
+        listed = record_listdir(monkeypatch)
 
         def wants(name: str) -> bool:
             return names.marker_service(name) != "q1"

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from helpers import plant_marker
+from helpers import plant_marker, record_listdir
 
 from httk_flow.protocol import discovery
 from httk_flow.protocol.counting import markers_wanted
@@ -201,14 +201,7 @@ def test_a_look_shares_the_streams_memory_of_directories_holding_nothing_of_ours
         m = Marker(new_id(), 500, 1, RecordRef("w0", 0, 0), service="q1")
         with open(JobHandle(State.READY, shard, m).path(ws), "xb"):
             pass
-    listed: list[str] = []
-    real_listdir = os.listdir
-
-    def listdir(path: str) -> list[str]:
-        listed.append(path)
-        return real_listdir(path)
-
-    monkeypatch.setattr(os, "listdir", listdir)
+    listed = record_listdir(monkeypatch)
     stream_listings, clock = Listings(monkeypatch), Clock()
 
     def wants(name: str) -> bool:

@@ -8,7 +8,6 @@ persistent workdir, never a live attempt.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import stat
@@ -163,13 +162,18 @@ def _attempt_files(job_dir: str) -> list[tuple[int, str, bool]]:
 def _segments(ws: Workspace, report: GcReport, now: float) -> None:
     """Delete old segments no job's history reaches (every marker's chain is walked)."""
     reachable: set[tuple[str, int]] = set()
-    misplaced: list[JobHandle] = []
+
+    def reach(h: JobHandle) -> None:
+        for ref in ws.reader.refs(h.marker.ref):
+            reachable.add((ref.writer, ref.segment))
+
     for st in State:
-        for h in itertools.chain(walk_all(ws, st, misplaced=misplaced), misplaced):
-            for ref in ws.reader.refs(h.marker.ref):
-                reachable.add((ref.writer, ref.segment))
+        misplaced: list[JobHandle] = []  # their histories are kept all the same
+        for h in walk_all(ws, st, misplaced=misplaced):
+            reach(h)
+        for h in misplaced:
+            reach(h)
         report.misplaced += len(misplaced)
-        misplaced.clear()
     horizon = now - ws.policy.keep_journal_days * DAY
     try:
         writers = list(os.scandir(ws.journal_dir))

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from httk_flow.protocol.fsio import fs, retire_dir
 from httk_flow.protocol.handles import JobHandle
-from httk_flow.protocol.names import Marker, class_dir, dir_class
+from httk_flow.protocol.names import Marker, dir_class
 from httk_flow.protocol.states import State
 from httk_flow.protocol.workspace import Workspace
 
@@ -223,7 +223,6 @@ class MarkerStream:
             walk.started, walk.found = now, 0
         visited = 0
         wanted, classes = self._names, self._classes
-        classed = self.ws.class_dirs and self.state is State.READY
         quiet = self._quiet
         skip_quiet = walk.finished % RELIST_EVERY != RELIST_EVERY - 1
         while walk.stack and visited < budget:
@@ -272,13 +271,13 @@ class MarkerStream:
                         self._on_bad(entry.path, f"cannot be listed ({e.strerror})")
                     continue
                 if sub is not None:
+                    if cls is not None:  # a class directory: its placement's ready jobs
+                        below = placement
+                    else:
+                        below = f"{placement}/{name}" if placement else name
                     walk.stack.append(
                         [
-                            placement
-                            if cls is not None
-                            else f"{placement}/{name}"
-                            if placement
-                            else name,
+                            below,
                             sub,
                             0,
                             entry.path,
@@ -297,7 +296,7 @@ class MarkerStream:
                     self._on_bad(entry.path, "is not a marker of the grammar (or not a file)")
                 continue
             handle = JobHandle(self.state, placement, marker)
-            if (class_dir(marker.service) if classed and marker.service else "") != frame[6]:
+            if self.ws.class_dir_of(self.state, marker.service) != frame[6]:
                 self._misplaced(entry.path, handle)
                 continue
             out.append(handle)

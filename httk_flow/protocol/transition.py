@@ -188,7 +188,24 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle, *, sync: bool =
     """Rename old -> new, making the target directory when missing, resolving any error.
 
     `sync=False`: the caller makes both directories durable itself (durable mode)."""
-    src, dst = old.path(ws), new.path(ws)
+    try:
+        _rename_into(ws, old.path(ws), new, sync)
+    except OSError as e:
+        _resolve(ws, old, new, e)
+
+
+def put_back(ws: Workspace, src: str, where: JobHandle) -> None:
+    """Rename a marker found at `src`, outside the directory its state and class place it
+    in (§1), to there (`flow fsck --repair`; no actor else moves it), as a transition
+    renames one. OSError: it stays where it was."""
+    _rename_into(ws, src, where, True)
+
+
+def _rename_into(ws: Workspace, src: str, new: JobHandle, sync: bool) -> None:
+    """rename(src, new's path), its directory made first when missing (and again when
+    retired meanwhile); in durable mode a directory made is durable in its parents, and
+    with `sync` both directories are made durable after the rename."""
+    dst = new.path(ws)
     dst_dir = os.path.dirname(dst)
     durable = ws.policy.durable
 
@@ -202,40 +219,19 @@ def rename_marker(ws: Workspace, old: JobHandle, new: JobHandle, *, sync: bool =
         if durable:
             _fsync_made(ws, d)
 
-    try:
-        if not ws.check_state_dir(dst_dir):
-            # the first job of this placement in this state, or a directory retired once
-            # empty (§1): made before the rename, rather than after a rename that failed
-            by_us = fs.makedirs(dst_dir)
-            if by_us:
-                ws.made_state_dir(dst_dir)
-            made(dst_dir, by_us)
-        # retired again before our rename: made again and the rename tried again
-        rename_recreating(src, dst, made)
-    except OSError as e:
-        _resolve(ws, old, new, e)
-    if sync and ws.policy.durable:
+    if not ws.check_state_dir(dst_dir):
+        # the first job of this placement in this state, or a directory retired once
+        # empty (§1): made before the rename, rather than after a rename that failed
+        by_us = fs.makedirs(dst_dir)
+        if by_us:
+            ws.made_state_dir(dst_dir)
+        made(dst_dir, by_us)
+    # retired again before our rename: made again and the rename tried again
+    rename_recreating(src, dst, made)
+    if sync and durable:
         _fsync_state_dir(dst_dir)
         if os.path.dirname(src) != dst_dir:
             _fsync_state_dir(os.path.dirname(src))
-
-
-def put_back(ws: Workspace, src: str, where: JobHandle) -> None:
-    """Rename a marker found at `src`, outside the directory its state and class place it
-    in (§1), to there (`flow fsck --repair`; no actor else moves it): its directory made
-    if missing, and everything durable in durable mode. OSError: it stays where it was."""
-    dst = where.path(ws)
-    dst_dir = os.path.dirname(dst)
-    if fs.makedirs(dst_dir):
-        ws.made_state_dir(dst_dir)
-        if ws.policy.durable:
-            _fsync_made(ws, dst_dir)
-    else:
-        ws.check_state_dir(dst_dir, again=True)
-    fs.rename(src, dst)
-    if ws.policy.durable:
-        _fsync_state_dir(dst_dir)
-        _fsync_state_dir(os.path.dirname(src))
 
 
 def _fsync_made(ws: Workspace, path: str) -> None:
